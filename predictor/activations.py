@@ -1,0 +1,57 @@
+"""Activation memory of one micro-batch: Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+Large Transformer Models", arXiv:2205.05198, sec. 4), generalised to any element size, grouped-query
+attention and gated MLPs.
+
+With 16-bit activations, dropout and tensor parallel degree t, one block stores
+    s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes      (their eq. 2; t = 1 gives 34*s*b*h + 5*a*s^2*b).
+The terms below are the same tensors counted element by element, so that fp32, GQA and SwiGLU change
+only the tensors they change.
+"""
+
+from __future__ import annotations
+
+from predictor.model import ModelSpec
+
+__all__ = ["layer_activation_bytes", "checkpoint_bytes_per_layer", "logits_bytes", "embedding_activation_bytes"]
+
+MASK_BYTES = 1  # dropout masks are stored as one byte per element
+FP32_BYTES = 4
+
+
+def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int,
+                           tp: int = 1) -> float:
+    """Bytes one transformer block keeps for backward (no recomputation)."""
+    h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
+    d, s = act_bytes, seq_len
+    mask = MASK_BYTES if model.dropout else 0
+    # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.
+    replicated = 4 * h * d + 2 * h * mask
+    # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP.
+    attention = (h + 2 * kv + h) * d + a * s * (d + (mask + d if model.dropout else 0))
+    mlp = (4 * f if model.gated_mlp else 2 * f) * d
+    per_token = replicated + (attention + mlp) / tp
+    return float(per_token * s * micro_batch)
+
+
+def checkpoint_bytes_per_layer(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int) -> float:
+    """Full recomputation keeps only each block's input (Korthikanti et al. 2022, sec. 4.3: 2*s*b*h*L)."""
+    return float(model.hidden_size * act_bytes * seq_len * micro_batch)
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int) -> float:
+    """The embedding dropout mask and the final norm's input: small next to the blocks, counted anyway."""
+    mask = MASK_BYTES if model.dropout else 0
+    final = act_bytes if model.final_norm else 0
+    return float(model.hidden_size * (mask + final) * seq_len * micro_batch)
+
+
+def logits_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int, tp: int = 1) -> float:
+    """Logits and loss at the start of backward, which dominate small-vocabulary-heavy models (GPT-2).
+
+    The model returns logits (16-bit in mixed precision), the loss upcasts them to fp32 (Hugging Face
+    casts logits.float() before cross-entropy), log-softmax keeps its fp32 output for backward, and the
+    first backward op allocates the fp32 gradient of the logits: d + 4 + 4 + 4 bytes per element in mixed
+    precision, 4 + 4 + 4 in fp32 (the upcast is a no-op there).
+    """
+    per_elem = (act_bytes if act_bytes < FP32_BYTES else 0) + 3 * FP32_BYTES
+    return float(model.vocab_size * per_elem * seq_len * micro_batch / tp)

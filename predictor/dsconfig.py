@@ -1,0 +1,441 @@
+"""The DeepSpeed configuration keys zerotune reads and tunes, as one typed object.
+
+`parse_ds_config` turns a ds_config dict (as json.load gives it) into a DSConfig, rejecting what
+DeepSpeed would reject: a misspelled key inside a section DeepSpeed validates, a wrong type, an
+inconsistent batch triple. `to_ds_config` is the only way back to a dict. Field defaults mirror
+deepspeed/runtime/zero/config.py and offload_config.py (DeepSpeed 0.19).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from predictor.catalog import nearest
+from predictor.hardware import Precision
+
+__all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
+           "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",
+           "optimizer_state_bytes_per_param"]
+
+ZeroStage = Literal[0, 1, 2, 3]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+AUTO = "auto"
+
+# Sections DeepSpeed validates with pydantic models that forbid unknown keys: their keys, aliases included.
+ZERO_KEYS = frozenset({
+    "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+    "allgather_partitions", "allgather_bucket_size", "overlap_comm", "compute_grad_norm", "load_from_fp32_weights",
+    "elastic_checkpoint", "offload_param", "offload_optimizer", "zenflow", "sub_group_size", "cpu_offload_param",
+    "cpu_offload_use_pin_memory", "cpu_offload", "prefetch_bucket_size", "stage3_prefetch_bucket_size",
+    "param_persistence_threshold", "stage3_param_persistence_threshold", "model_persistence_threshold",
+    "stage3_model_persistence_threshold", "max_live_parameters", "stage3_max_live_parameters",
+    "max_reuse_distance", "stage3_max_reuse_distance", "gather_16bit_weights_on_model_save",
+    "stage3_gather_16bit_weights_on_model_save", "module_granularity_threshold",
+    "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
+    "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
+    "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "legacy_stage1",
+    "round_robin_gradients", "parameter_alignment", "zero_hpz_partition_size", "zero_quantized_weights",
+    "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
+    "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+    "save_muon_momentum_buffer_in_memory", "leaf_module", "mics_shard_size", "mics_hierarchical_params_gather",
+})
+OFFLOAD_PARAM_KEYS = frozenset({"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"})
+OFFLOAD_OPTIMIZER_KEYS = frozenset({"device", "nvme_path", "buffer_count", "pin_memory", "pipeline",
+                                    "pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload",
+                                    "cpuadam_cores_perc"})
+FP16_KEYS = frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                       "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"})
+BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                       "bf16_optimizer_states"})
+ACTIVATION_CHECKPOINTING_KEYS = frozenset({"partition_activations", "number_checkpoints",
+                                           "contiguous_memory_optimization", "synchronize_checkpoint_boundary",
+                                           "profile", "cpu_checkpointing"})
+AUTOTUNING_KEYS = frozenset({"enabled", "fast", "results_dir", "exps_dir", "overwrite", "start_profile_step",
+                             "end_profile_step", "metric_path", "metric", "tuner_type", "tuner_early_stopping",
+                             "tuner_num_trials", "arg_mappings", "max_train_batch_size", "min_train_batch_size",
+                             "max_train_micro_batch_size_per_gpu", "min_train_micro_batch_size_per_gpu",
+                             "num_tuning_micro_batch_sizes", "mp_size", "model_info", "model_info_path"})
+TOP_LEVEL_KEYS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+    "fp16", "bf16", "amp", "zero_optimization", "activation_checkpointing", "autotuning", "gradient_clipping",
+    "prescale_gradients", "gradient_predivide_factor", "steps_per_print", "wall_clock_breakdown",
+    "memory_breakdown", "dump_state", "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor",
+    "comet", "elasticity", "data_efficiency", "curriculum_learning", "compression_training", "checkpoint",
+    "data_types", "communication_data_type", "seq_parallel_communication_data_type",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "sparse_attention", "sparse_gradients",
+    "pipeline", "aio", "nebula", "eigenvalue", "progressive_layer_drop", "quantize_training", "torch_autocast",
+    "disable_allgather", "dataloader_drop_last", "use_data_before_expert_parallelism", "load_universal",
+    "use_node_local_storage", "hybrid_engine", "compile", "weight_quantization", "timers", "graph_harvesting",
+    "tensor_parallel", "gradient_allreduce_op", "disable_python_gc", "log_level", "expert_parallel",
+    "zero_force_ds_cpu_optimizer", "monitor_config", "mp_size",
+})
+
+# Optimizer state bytes per parameter (fp32 states), by DeepSpeed optimizer type (lower-cased).
+_ADAM_FAMILY = ("adam", "adamw", "fusedadam", "cpuadam", "onebitadam", "zerooneadam", "lamb", "onebitlamb",
+                "fusedlamb", "muadam", "muadamw", "adagrad_adam")
+_STATE_BYTES = {**{name: 8 for name in _ADAM_FAMILY}, "lion": 4, "adagrad": 4, "muon": 4}
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """offload_optimizer / offload_param: where ZeRO keeps the state between uses."""
+
+    device: OffloadDevice = "none"
+    pin_memory: bool = True
+    buffer_count: int = 4
+    buffer_size_elems: int = 100_000_000
+    """offload_param buffer_size (elements) for NVMe staging."""
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """zero_optimization, with DeepSpeed's defaults (bucket sizes count elements, not bytes)."""
+
+    stage: ZeroStage = 0
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size_elems: int = 500_000_000
+    allgather_partitions: bool = True
+    allgather_bucket_size_elems: int = 500_000_000
+    overlap_comm: bool = False
+    """DeepSpeed's dynamic default: True for stage 3, False otherwise."""
+    offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
+    offload_param: OffloadConfig = field(default_factory=lambda: OffloadConfig(buffer_count=5))
+    sub_group_size_elems: int = 1_000_000_000
+    stage3_prefetch_bucket_size_elems: int = 50_000_000
+    stage3_param_persistence_threshold_elems: int = 100_000
+    stage3_max_live_parameters_elems: int = 1_000_000_000
+    stage3_max_reuse_distance_elems: int = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointing:
+    """Whether the model recomputes each block's activations in backward (HF gradient checkpointing,
+    Megatron --checkpoint-activations); the ds_config section only configures DeepSpeed's implementation."""
+
+    enabled: bool = False
+    partition_activations: bool = False
+    cpu_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class AutotuningConfig:
+    """The ds_config `autotuning` section as DeepSpeed documents it (defaults from autotuning/constants.py)."""
+
+    enabled: bool = False
+    fast: bool = True
+    results_dir: str = "autotuning_results"
+    exps_dir: str = "autotuning_exps"
+    overwrite: bool = True
+    start_profile_step: int = 3
+    end_profile_step: int = 5
+    metric_path: str | None = None
+    metric: Literal["throughput", "latency", "flops"] = "throughput"
+    tuner_type: Literal["gridsearch", "random", "model_based"] = "gridsearch"
+    tuner_early_stopping: int = 5
+    tuner_num_trials: int = 50
+    arg_mappings: dict[str, str] | None = None
+    max_train_batch_size: int | None = None
+    min_train_batch_size: int = 1
+    max_train_micro_batch_size_per_gpu: int = 1024
+    min_train_micro_batch_size_per_gpu: int = 1
+    num_tuning_micro_batch_sizes: int = 3
+    mp_size: int = 1
+    model_info: dict[str, Any] | None = None
+    model_info_path: str | None = None
+
+
+@dataclass(frozen=True)
+class DSConfig:
+    """One DeepSpeed training configuration: what zerotune predicts and what tune runs."""
+
+    train_micro_batch_size_per_gpu: int = 1
+    gradient_accumulation_steps: int = 1
+    precision: Precision = "fp32"
+    grad_accum_dtype: Precision | None = None
+    """data_types.grad_accum_dtype; None means the model's dtype (DeepSpeed's default)."""
+    optimizer: str = "adamw"
+    optimizer_momentum: float = 0.0
+    """SGD momentum: SGD keeps a momentum buffer only when it is non-zero."""
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    activation_checkpointing: ActivationCheckpointing = field(default_factory=ActivationCheckpointing)
+    mp_size: int = 1
+    """Model (tensor) parallel degree, as the autotuning section's mp_size; data parallel = world / mp."""
+    autotuning: AutotuningConfig = field(default_factory=AutotuningConfig)
+    passthrough: dict[str, Any] = field(default_factory=dict)
+    """The user's other top-level keys (scheduler, gradient_clipping, ...), written back unchanged."""
+
+    def replace(self, **changes: Any) -> "DSConfig":
+        return dataclasses.replace(self, **changes)
+
+    def replace_zero(self, **changes: Any) -> "DSConfig":
+        return dataclasses.replace(self, zero=dataclasses.replace(self.zero, **changes))
+
+    @property
+    def grad_precision(self) -> Precision:
+        return self.grad_accum_dtype or self.precision
+
+
+def optimizer_state_bytes_per_param(cfg: DSConfig) -> int:
+    """fp32 optimizer state per parameter, master copy excluded: Adam m and v = 8 (ZeRO paper sec. 3.1)."""
+    if cfg.optimizer == "sgd":
+        return 4 if cfg.optimizer_momentum else 0
+    return _STATE_BYTES.get(cfg.optimizer, 8)
+
+
+def experiment_name(cfg: DSConfig) -> str:
+    """DeepSpeed autotuner's experiment name, e.g. z1_gas1_tmbspg3 (autotuning/autotuner.py)."""
+    return f"z{cfg.zero.stage}_gas{cfg.gradient_accumulation_steps}_tmbspg{cfg.train_micro_batch_size_per_gpu}"
+
+
+# -- reading a ds_config dict ----------------------------------------------------------------------------
+
+def _section(parent: dict[str, Any], key: str, allowed: frozenset[str], strict: bool,
+             path: str = "") -> dict[str, Any]:
+    """parent[key] as a dict; unknown keys are an error where DeepSpeed rejects them, else a warning."""
+    path = path or key
+    sec = parent.get(key)
+    if sec is None:
+        return {}
+    if not isinstance(sec, dict):
+        raise ValueError(f"ds_config {path} must be an object, got {type(sec).__name__}")
+    for key in sec:
+        if key not in allowed:
+            message = f"ds_config {path}.{key}: unknown key{nearest(key, sorted(allowed))}"
+            if strict:
+                raise ValueError(message + "; DeepSpeed rejects unknown keys in this section")
+            warnings.warn(message + "; it has no effect", stacklevel=3)
+    return sec
+
+
+def _list_error(path: str) -> ValueError:
+    return ValueError(f"ds_config {path} is a list (a tuning space); a single prediction needs one value: "
+                      f"pick one, or set it with its command-line flag")
+
+
+def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
+    value = sec.get(key, default)
+    if value == AUTO or value is None:
+        return default
+    if isinstance(value, list):
+        raise _list_error(f"{path}.{key}")
+    if not isinstance(value, bool):
+        raise ValueError(f"ds_config {path}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
+         auto: int | None = None) -> int | None:
+    value = sec.get(key, default)
+    if value == AUTO:
+        return auto if auto is not None else default
+    if isinstance(value, list):
+        raise _list_error(f"{path}.{key}".lstrip("."))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"ds_config {path}.{key} must be an integer, got {value!r}".replace("config .", "config "))
+    if value < minimum:
+        raise ValueError(f"ds_config {path}.{key} must be at least {minimum}, got {value!r}"
+                         .replace("config .", "config "))
+    return int(value)
+
+
+def _offload(zero: dict[str, Any], key: str, allowed: frozenset[str], buffer_count: int) -> OffloadConfig:
+    path = f"zero_optimization.{key}"
+    sec = _section(zero, key, allowed, strict=True, path=path)
+    device = sec.get("device", "none") or "none"
+    if device not in ("none", "cpu", "nvme"):
+        raise ValueError(f"ds_config {path}.device must be none, cpu or nvme, got {device!r}")
+    return OffloadConfig(device=device, pin_memory=_bool(sec, path, "pin_memory", True),
+                         buffer_count=_int(sec, path, "buffer_count", buffer_count),
+                         buffer_size_elems=_int(sec, path, "buffer_size", 100_000_000))
+
+
+def _alias(sec: dict[str, Any], name: str) -> str:
+    return name if name in sec else f"stage3_{name}"
+
+
+def _zero(doc: dict[str, Any], hidden_size: int | None) -> ZeroConfig:
+    sec = _section(doc, "zero_optimization", ZERO_KEYS, strict=True)
+    p = "zero_optimization"
+    stage = _int(sec, p, "stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ds_config zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
+    hh = hidden_size * hidden_size if hidden_size else None  # Hugging Face's values for "auto"
+    if sec.get("cpu_offload") is True:  # deprecated spelling of offload_optimizer.device = cpu
+        sec = {**sec, "offload_optimizer": {"device": "cpu"}}
+    overlap = sec.get("overlap_comm")
+    return ZeroConfig(
+        stage=stage,
+        contiguous_gradients=_bool(sec, p, "contiguous_gradients", True),
+        reduce_scatter=_bool(sec, p, "reduce_scatter", True),
+        reduce_bucket_size_elems=_int(sec, p, "reduce_bucket_size", 500_000_000, 1, auto=hh),
+        allgather_partitions=_bool(sec, p, "allgather_partitions", True),
+        allgather_bucket_size_elems=_int(sec, p, "allgather_bucket_size", 500_000_000, 0, auto=hh),
+        overlap_comm=_bool(sec, p, "overlap_comm", stage == 3) if overlap is not None else stage == 3,
+        offload_optimizer=_offload(sec, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, 4),
+        offload_param=_offload(sec, "offload_param", OFFLOAD_PARAM_KEYS, 5),
+        sub_group_size_elems=_int(sec, p, "sub_group_size", 1_000_000_000),
+        stage3_prefetch_bucket_size_elems=_int(sec, p, _alias(sec, "prefetch_bucket_size"), 50_000_000,
+                                               auto=int(0.9 * hh) if hh else None),
+        stage3_param_persistence_threshold_elems=_int(sec, p, _alias(sec, "param_persistence_threshold"),
+                                                      100_000, auto=10 * hidden_size if hidden_size else None),
+        stage3_max_live_parameters_elems=_int(sec, p, _alias(sec, "max_live_parameters"), 1_000_000_000),
+        stage3_max_reuse_distance_elems=_int(sec, p, _alias(sec, "max_reuse_distance"), 1_000_000_000),
+    )
+
+
+def _precision(doc: dict[str, Any]) -> Precision:
+    fp16 = _section(doc, "fp16", FP16_KEYS, strict=True)
+    bf16 = _section(doc, "bf16", BF16_KEYS, strict=True)
+    fp16_on, bf16_on = _bool(fp16, "fp16", "enabled", False), _bool(bf16, "bf16", "enabled", False)
+    for name, sec in (("fp16", fp16), ("bf16", bf16)):
+        if sec.get("enabled") == AUTO:
+            warnings.warn(f"ds_config {name}.enabled is \"auto\" (set by the Hugging Face Trainer); "
+                          f"assuming off unless --precision says otherwise", stacklevel=3)
+    if fp16_on and bf16_on:
+        raise ValueError("ds_config enables both fp16.enabled and bf16.enabled; DeepSpeed allows one: disable one")
+    amp_on = isinstance(doc.get("amp"), dict) and doc["amp"].get("enabled") is True
+    return "fp16" if fp16_on or amp_on else "bf16" if bf16_on else "fp32"
+
+
+def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
+    opt = doc.get("optimizer")
+    if opt is None:
+        return "adamw", 0.0  # a client optimizer: zerotune assumes the Adam family
+    if not isinstance(opt, dict) or not isinstance(opt.get("type"), str):
+        raise ValueError("ds_config optimizer must be an object with a string \"type\", e.g. {\"type\": \"AdamW\"}")
+    params = opt.get("params") or {}
+    momentum = params.get("momentum", 0.0)
+    momentum = 0.0 if momentum == AUTO or not isinstance(momentum, (int, float)) else float(momentum)
+    return opt["type"].lower().replace("_", ""), momentum
+
+
+def _grad_accum_dtype(doc: dict[str, Any]) -> Precision | None:
+    value = (doc.get("data_types") or {}).get("grad_accum_dtype")
+    names = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "bf16": "bf16",
+             "bfloat16": "bf16"}
+    if value is None:
+        return None
+    if value not in names:
+        raise ValueError(f"ds_config data_types.grad_accum_dtype must be fp32, fp16 or bf16, got {value!r}")
+    return names[value]  # type: ignore[return-value]
+
+
+def _autotuning(doc: dict[str, Any]) -> AutotuningConfig:
+    sec = dict(_section(doc, "autotuning", AUTOTUNING_KEYS, strict=False))
+    sec = {k: v for k, v in sec.items() if k in AUTOTUNING_KEYS}
+    if "metric" in sec:
+        metric = str(sec["metric"]).lower()
+        if metric not in ("throughput", "latency", "flops"):
+            raise ValueError(f"ds_config autotuning.metric must be throughput, latency or FLOPS, got {sec['metric']!r}")
+        sec["metric"] = metric
+    defaults = AutotuningConfig()
+    for key, value in sec.items():
+        default = getattr(defaults, key)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"ds_config autotuning.{key} must be true or false, got {value!r}")
+        if isinstance(default, int) and not isinstance(default, bool) and key != "max_train_batch_size":
+            _int(sec, "autotuning", key, default)
+    return dataclasses.replace(defaults, **sec)
+
+
+def resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
+    """(micro_batch, grad_accum) from the batch triple, as DeepSpeed's config checks it:
+    train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * data-parallel size."""
+    train = _int(doc, "", "train_batch_size", None, 1)
+    micro = _int(doc, "", "train_micro_batch_size_per_gpu", None, 1)
+    gas = _int(doc, "", "gradient_accumulation_steps", None, 1)
+    if train is not None and micro is not None and gas is not None:
+        if train != micro * gas * dp_world_size:
+            raise ValueError(f"ds_config train_batch_size {train} != train_micro_batch_size_per_gpu {micro} x "
+                             f"gradient_accumulation_steps {gas} x data-parallel GPUs {dp_world_size}; "
+                             f"fix one or drop train_batch_size")
+        return micro, gas
+    if train is not None:
+        per_gpu = micro * (gas or 1) if micro is not None else (gas or 1)
+        if train % (per_gpu * dp_world_size):
+            raise ValueError(f"ds_config train_batch_size {train} is not divisible by "
+                             f"{'train_micro_batch_size_per_gpu' if micro else 'gradient_accumulation_steps'} "
+                             f"x data-parallel GPUs ({per_gpu} x {dp_world_size}); pick a multiple")
+        if micro is not None:
+            return micro, train // (micro * dp_world_size)
+        return train // ((gas or 1) * dp_world_size), gas or 1
+    return (micro or 1), (gas or 1)
+
+
+def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = None) -> DSConfig:
+    """A DSConfig from a ds_config dict; `hidden_size` resolves Hugging Face "auto" bucket sizes."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"ds_config must be a JSON object, got {type(doc).__name__}")
+    for key in doc:
+        if key not in TOP_LEVEL_KEYS:
+            warnings.warn(f"ds_config: unknown top-level key {key!r}{nearest(key, sorted(TOP_LEVEL_KEYS))}; "
+                          f"DeepSpeed ignores it", stacklevel=2)
+    autotuning = _autotuning(doc)
+    mp_size = autotuning.mp_size
+    if world_size % mp_size:
+        raise ValueError(f"ds_config autotuning.mp_size {mp_size} does not divide the {world_size} GPUs; "
+                         f"use a divisor of the GPU count")
+    micro, gas = resolve_batch(doc, world_size // mp_size)
+    ckpt = doc.get("activation_checkpointing")
+    ckpt_sec = _section(doc, "activation_checkpointing", ACTIVATION_CHECKPOINTING_KEYS, strict=False)
+    optimizer, momentum = _optimizer(doc)
+    handled = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "fp16",
+               "bf16", "zero_optimization", "activation_checkpointing", "autotuning"}
+    return DSConfig(
+        train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=_precision(doc),
+        grad_accum_dtype=_grad_accum_dtype(doc), optimizer=optimizer, optimizer_momentum=momentum,
+        zero=_zero(doc, hidden_size),
+        activation_checkpointing=ActivationCheckpointing(
+            enabled=ckpt is not None,
+            partition_activations=_bool(ckpt_sec, "activation_checkpointing", "partition_activations", False),
+            cpu_checkpointing=_bool(ckpt_sec, "activation_checkpointing", "cpu_checkpointing", False)),
+        mp_size=mp_size, autotuning=autotuning,
+        passthrough={k: v for k, v in doc.items() if k not in handled},
+    )
+
+
+# -- writing one back ---------------------------------------------------------------------------------------
+
+def _offload_dict(off: OffloadConfig) -> dict[str, Any]:
+    return {"device": off.device, "pin_memory": off.pin_memory}
+
+
+def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
+    """The ds_config dict DeepSpeed runs: the user's other keys unchanged, the tuned keys set."""
+    z = cfg.zero
+    zero: dict[str, Any] = {"stage": z.stage, "contiguous_gradients": z.contiguous_gradients,
+                            "overlap_comm": z.overlap_comm, "reduce_scatter": z.reduce_scatter,
+                            "reduce_bucket_size": z.reduce_bucket_size_elems,
+                            "allgather_partitions": z.allgather_partitions,
+                            "allgather_bucket_size": z.allgather_bucket_size_elems}
+    if z.offload_optimizer.device != "none":
+        zero["offload_optimizer"] = _offload_dict(z.offload_optimizer)
+    if z.stage == 3:
+        zero.update({"stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size_elems,
+                     "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold_elems,
+                     "stage3_max_live_parameters": z.stage3_max_live_parameters_elems,
+                     "stage3_max_reuse_distance": z.stage3_max_reuse_distance_elems,
+                     "sub_group_size": z.sub_group_size_elems})
+        if z.offload_param.device != "none":
+            zero["offload_param"] = _offload_dict(z.offload_param)
+    out = dict(cfg.passthrough)
+    out.update({
+        "train_batch_size": cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
+        * (world_size // cfg.mp_size),
+        "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "zero_optimization": zero,
+    })
+    if cfg.precision != "fp32":
+        out[cfg.precision] = {"enabled": True}
+    if cfg.activation_checkpointing.enabled:
+        out["activation_checkpointing"] = {
+            "partition_activations": cfg.activation_checkpointing.partition_activations,
+            "cpu_checkpointing": cfg.activation_checkpointing.cpu_checkpointing}
+    return out

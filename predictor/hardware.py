@@ -1,0 +1,60 @@
+"""Accelerators and clusters as data (SI units inside; the YAML catalog uses human units in its keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["HardwareSpec", "ClusterSpec", "Precision", "DeviceKind"]
+
+Precision = Literal["fp32", "fp16", "bf16"]
+DeviceKind = Literal["gpu", "hpu", "cpu"]
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator (or CPU socket) and the node it sits in."""
+
+    name: str
+    description: str
+    kind: DeviceKind
+    memory_bytes: float
+    """Device memory capacity as the vendor states it."""
+    runtime_reserved_bytes: float
+    """Memory the runtime holds outside the allocator (CUDA context, kernels, communicator buffers)."""
+    peak_flops: dict[str, float]
+    """Dense peak FLOP/s per precision; a precision the device cannot run is absent."""
+    memory_bandwidth_bytes_per_s: float
+    intra_node_bandwidth_bytes_per_s: float
+    """Unidirectional per-device bandwidth to peers in the same node."""
+    intra_node_latency_s: float
+    inter_node_bandwidth_bytes_per_s: float
+    """Unidirectional per-device share of the node's scale-out network."""
+    inter_node_latency_s: float
+    host_to_device_bandwidth_bytes_per_s: float
+    num_devices_per_node: int
+    host_memory_bytes: float
+    """Host (CPU) memory of one node, for offloaded state."""
+    source: str
+
+    def supports(self, precision: Precision) -> bool:
+        return precision in self.peak_flops
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """num_nodes nodes of num_gpus_per_node devices each (the DeepSpeed launcher's --num_nodes/--num_gpus)."""
+
+    hardware: HardwareSpec
+    num_nodes: int
+    num_gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise ValueError(f"--num_nodes must be at least 1, got {self.num_nodes}")
+        if self.num_gpus_per_node < 1:
+            raise ValueError(f"--num_gpus must be at least 1, got {self.num_gpus_per_node}")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.num_gpus_per_node

@@ -1,0 +1,217 @@
+"""Peak memory per device of one DeepSpeed training configuration, with a breakdown that sums to it.
+
+A step passes through three phases and the peak is the largest of them (every term is bytes per device):
+  forward_backward    states + activations + logits + buckets that reduce during backward (ZeRO 2, 3)
+                      + ZeRO-3 gathered parameters
+  gradient_reduction  states + the flat buffers that reduce gradients after backward (ZeRO 0, 1)
+  optimizer_step      states + the fp32 gradients the optimizer consumes
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, sec. 3 and 5): 2 + 2 + K bytes per
+parameter in mixed precision, partitioned over data-parallel ranks by stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from predictor.activations import (checkpoint_bytes_per_layer, embedding_activation_bytes, layer_activation_bytes,
+                                   logits_bytes)
+from predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
+from predictor.job import Efficiency, Job
+
+__all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "model_states", "TERMS", "PHASES",
+           "DTYPE_BYTES", "STAGE0_ALLREDUCE_BUCKET_ELEMS"]
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+FP32_BYTES = 4
+# DeepSpeed engine.allreduce_gradients() flattens stage-0 gradients in buckets of
+# MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements (deepspeed/runtime/constants.py).
+STAGE0_ALLREDUCE_BUCKET_ELEMS = 500_000_000
+
+TERMS = ("parameters", "gradients", "optimizer_states", "master_gradients", "activations", "logits",
+         "comm_buckets", "zero3_gathered", "runtime_reserved", "allocator_slack")
+PHASES = ("forward_backward", "gradient_reduction", "optimizer_step")
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per device of the model states, and what offload moved to the host (per device)."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    master_gradients: float
+    host_bytes: float
+    nvme_bytes: float
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    breakdown_bytes: dict[str, float]
+    """One entry per TERMS at the peak phase; they sum to total_bytes."""
+    peak_phase: str
+    phase_totals_bytes: dict[str, float]
+    capacity_bytes: float
+    host_bytes_per_node: float
+    host_capacity_bytes_per_node: float
+    nvme_bytes_per_node: float
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.breakdown_bytes.values())
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.capacity_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes and self.host_bytes_per_node <= self.host_capacity_bytes_per_node
+
+
+def _check(job: Job, cfg: DSConfig) -> None:
+    z = cfg.zero
+    if z.offload_optimizer.device != "none" and z.stage == 0:
+        raise ValueError("zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3; raise zero_optimization.stage")
+    if z.offload_param.device != "none" and z.stage != 3:
+        raise ValueError("zero_optimization.offload_param needs ZeRO stage 3; set zero_optimization.stage to 3 "
+                         "or remove offload_param")
+    hw = job.cluster.hardware
+    if not hw.supports(cfg.precision):
+        supported = ", ".join(p for p in ("fp16", "bf16", "fp32") if hw.supports(p))  # type: ignore[arg-type]
+        raise ValueError(f"{hw.name} has no {cfg.precision} support; use --precision one of {supported}")
+    if job.cluster.world_size % cfg.mp_size:
+        raise ValueError(f"mp_size {cfg.mp_size} does not divide the {job.cluster.world_size} GPUs")
+    if cfg.train_micro_batch_size_per_gpu < 1 or cfg.gradient_accumulation_steps < 1:
+        raise ValueError("train_micro_batch_size_per_gpu and gradient_accumulation_steps must be at least 1")
+
+
+def _persistent_elems(job: Job, cfg: DSConfig) -> int:
+    """ZeRO-3 keeps tensors at or below stage3_param_persistence_threshold whole on every rank."""
+    threshold = cfg.zero.stage3_param_persistence_threshold_elems
+    return sum(t.num_elems for t in job.model.tensors() if t.num_elems <= threshold)
+
+
+def model_states(job: Job, cfg: DSConfig) -> ModelStates:
+    """Parameters, gradients and optimizer states per device (ZeRO paper sec. 5.1, eqs. for P_os, P_g, P_p).
+
+    DeepSpeed's ZeRO optimizers keep an fp32 partition of the parameters even in fp32 training
+    (stage_1_and_2.py clones single_partition_of_fp32_groups), so the master copy exists whenever ZeRO
+    is on or the model is 16-bit. The fp32 gradient partition the optimizer consumes is the 4 of
+    DeepSpeed's 18 bytes in estimate_zero2_model_states_mem_needs (2 + 4 + 4 + 8).
+    """
+    z, p = cfg.zero, DTYPE_BYTES[cfg.precision]
+    n_dp = job.cluster.world_size // cfg.mp_size
+    psi = job.model.num_params / cfg.mp_size
+    shard_os = n_dp if z.stage >= 1 else 1
+    shard_g = n_dp if z.stage >= 2 else 1
+    master = FP32_BYTES if (cfg.precision != "fp32" or z.stage >= 1) else 0
+    optimizer = (optimizer_state_bytes_per_param(cfg) + master) * psi / shard_os
+    master_grads = (FP32_BYTES if master else 0) * psi / shard_os
+    grads = DTYPE_BYTES[cfg.grad_precision] * psi / shard_g
+    params = p * psi
+    host = nvme = 0.0
+    if z.stage == 3:
+        persistent = _persistent_elems(job, cfg) / cfg.mp_size
+        partition = p * (psi - persistent) / n_dp
+        params = p * persistent + (0.0 if z.offload_param.device != "none" else partition)
+        if z.offload_param.device == "cpu":
+            host += partition
+        elif z.offload_param.device == "nvme":
+            nvme += partition
+    if z.offload_optimizer.device != "none":
+        # The optimizer and its fp32 gradients live on the host; with partitioned gradients (stage >= 2)
+        # each reduced bucket goes straight to the host's fp32 gradient buffer (DeepSpeed's estimator:
+        # 2 bytes per parameter on the device, 16 per partitioned parameter on the host).
+        moved = optimizer + master_grads
+        grads = grads if z.stage < 2 else 0.0
+        if z.offload_optimizer.device == "cpu":
+            host += moved
+        else:
+            nvme += moved
+        optimizer = master_grads = 0.0
+    return ModelStates(params, grads, optimizer, master_grads, host, nvme)
+
+
+def _activations(job: Job, cfg: DSConfig) -> tuple[float, float]:
+    """(activations, logits) bytes per device for one micro-batch at the start of backward."""
+    m, b, s = job.model, cfg.train_micro_batch_size_per_gpu, job.seq_len
+    d, tp = DTYPE_BYTES[cfg.precision], cfg.mp_size
+    ckpt = cfg.activation_checkpointing
+    one_layer = layer_activation_bytes(m, b, s, d, tp)
+    if ckpt.enabled:
+        # Checkpoints of every block, plus one block recomputed in full during its backward.
+        checkpoints = m.num_layers * checkpoint_bytes_per_layer(m, b, s, d)
+        if ckpt.partition_activations:
+            checkpoints /= tp
+        if ckpt.cpu_checkpointing:
+            checkpoints = 0.0
+        blocks = checkpoints + one_layer
+    else:
+        blocks = m.num_layers * one_layer
+    acts = blocks + embedding_activation_bytes(m, b, s, d)
+    return acts, logits_bytes(m, b, s, d, tp) if m.head == "lm" or m.tied_embeddings else 0.0
+
+
+def _stage3_gathered(job: Job, cfg: DSConfig) -> float:
+    """ZeRO-3's working set: the largest module gathered in full plus what prefetch has in flight
+    (capped by stage3_max_live_parameters), and that module's full gradient before reduce-scatter.
+    DeepSpeed's own estimator charges 4 bytes x largest layer for the same thing."""
+    m, z = job.model, cfg.zero
+    largest = max([m.num_layer_params] + [t.num_elems for t in m.embedding_tensors() + m.head_tensors()])
+    largest /= cfg.mp_size
+    live = min(z.stage3_max_live_parameters_elems, largest + z.stage3_prefetch_bucket_size_elems)
+    return live * DTYPE_BYTES[cfg.precision] + largest * DTYPE_BYTES[cfg.grad_precision]
+
+
+def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
+    """(during backward, after backward) bytes of gradient-reduction buffers.
+
+    ZeRO 1/2 reduce through reduce_bucket_size-element buffers, two of them with overlap_comm
+    (stage_1_and_2.py ipg_buffer); stage 2 does it during backward, stage 1 after it. Stage 3 reduces
+    through one reduce_bucket_size buffer during backward. Stage 0 flattens gradients in 5e8-element
+    buckets after backward. The allgather_bucket_size costs no memory: DeepSpeed gathers the updated
+    partitions in place (runtime/utils.py all_gather_dp_groups), it only sets how many calls are made.
+    """
+    z, g = cfg.zero, DTYPE_BYTES[cfg.grad_precision]
+    psi = job.model.num_params / cfg.mp_size
+    if job.cluster.world_size // cfg.mp_size == 1:
+        return 0.0, 0.0
+    if z.stage == 0:
+        return 0.0, min(psi, STAGE0_ALLREDUCE_BUCKET_ELEMS) * g
+    reduce = min(psi, z.reduce_bucket_size_elems) * g * (2 if z.overlap_comm and z.stage < 3 else 1)
+    return (reduce, 0.0) if z.stage >= 2 else (0.0, reduce)
+
+
+def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> MemoryEstimate:
+    """Peak bytes per device for one configuration, with the breakdown at the peak phase."""
+    _check(job, cfg)
+    states = model_states(job, cfg)
+    acts, logits = _activations(job, cfg)
+    during_bwd, after_bwd = _buckets(job, cfg)
+    gathered = _stage3_gathered(job, cfg) if cfg.zero.stage == 3 else 0.0
+    base = {"parameters": states.parameters, "gradients": states.gradients,
+            "optimizer_states": states.optimizer_states}
+    phases = {
+        "forward_backward": {**base, "activations": acts, "logits": logits, "comm_buckets": during_bwd,
+                             "zero3_gathered": gathered},
+        "gradient_reduction": {**base, "comm_buckets": after_bwd},
+        "optimizer_step": {**base, "master_gradients": states.master_gradients},
+    }
+    peak_phase = max(PHASES, key=lambda name: sum(phases[name].values()))
+    hw = job.cluster.hardware
+    reserved = hw.runtime_reserved_bytes if eff.runtime_reserved_bytes is None else eff.runtime_reserved_bytes
+    totals = {name: sum(terms.values()) * (1 + eff.allocator_slack_fraction) + reserved
+              for name, terms in phases.items()}
+    breakdown = {term: 0.0 for term in TERMS}
+    breakdown.update(phases[peak_phase])
+    breakdown["runtime_reserved"] = reserved
+    breakdown["allocator_slack"] = sum(phases[peak_phase].values()) * eff.allocator_slack_fraction
+    host = states.host_bytes
+    if cfg.activation_checkpointing.cpu_checkpointing and cfg.activation_checkpointing.enabled:
+        host += job.model.num_layers * checkpoint_bytes_per_layer(
+            job.model, cfg.train_micro_batch_size_per_gpu, job.seq_len, DTYPE_BYTES[cfg.precision])
+    per_node = job.cluster.num_gpus_per_node
+    return MemoryEstimate(breakdown_bytes=breakdown, peak_phase=peak_phase, phase_totals_bytes=totals,
+                          capacity_bytes=hw.memory_bytes, host_bytes_per_node=host * per_node,
+                          host_capacity_bytes_per_node=hw.host_memory_bytes,
+                          nvme_bytes_per_node=states.nvme_bytes * per_node)

@@ -1,0 +1,165 @@
+"""Transformer architectures as data, and the parameter tensors they imply.
+
+A model is described by its architecture (layers, hidden size, heads, ...), never by a parameter
+count typed in by hand: the count, the tensor sizes ZeRO-3 partitions and the activation shapes all
+follow from the same description, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["ModelSpec", "Tensor", "PositionEmbedding", "Norm", "Head"]
+
+PositionEmbedding = Literal["learned", "rotary", "relative", "none"]
+Norm = Literal["layernorm", "rmsnorm"]
+Head = Literal["lm", "pooler", "none"]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor: ZeRO-3 gathers, partitions and persists parameters tensor by tensor."""
+
+    name: str
+    num_elems: int
+    layer: int  # -1 for tensors outside the transformer blocks (embeddings, head)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder, encoder or encoder-decoder-free transformer, as its Hugging Face config describes it."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention); equal to num_heads for multi-head attention."""
+    ffn_hidden_size: int
+    """Inner size of the MLP (4 * hidden for GPT-2/BERT; the gate/up width for gated MLPs)."""
+    vocab_size: int
+    max_position_embeddings: int
+    position_embedding: PositionEmbedding = "learned"
+    tied_embeddings: bool = True
+    """Output projection shares the input embedding matrix (GPT-2) or has its own (Llama)."""
+    gated_mlp: bool = False
+    """SwiGLU-style MLP with gate, up and down projections (Llama) instead of fc1/fc2."""
+    norm: Norm = "layernorm"
+    qkv_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+    dropout: bool = True
+    """Whether dropout layers run in training; their masks are stored for backward (Korthikanti 2022)."""
+    type_vocab_size: int = 0
+    """BERT token-type (segment) embeddings."""
+    embedding_norm: bool = False
+    """A norm right after the embeddings (BERT family)."""
+    final_norm: bool = True
+    """A norm after the last block (pre-LN models: GPT-2, Llama)."""
+    head: Head = "lm"
+    """'lm': vocabulary projection (its own matrix unless tied); 'pooler': BERT's h x h pooler; 'none'."""
+    relative_position_buckets: int = 0
+    """DeBERTa-v2 relative position embeddings: 2 * buckets rows of width hidden, plus their norm."""
+    conv_kernel_size: int = 0
+    """DeBERTa-v2 convolution beside the first block (kernel * hidden * hidden weights)."""
+    published_num_params: int = 0
+    """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
+                             f"num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def replace(self, **changes: object) -> "ModelSpec":
+        return dataclasses.replace(self, **changes)
+
+    # -- parameter tensors ---------------------------------------------------------------------------
+
+    def _norm(self, name: str, layer: int) -> list[Tensor]:
+        h = self.hidden_size
+        tensors = [Tensor(f"{name}.weight", h, layer)]
+        if self.norm == "layernorm":
+            tensors.append(Tensor(f"{name}.bias", h, layer))
+        return tensors
+
+    def _linear(self, name: str, n_in: int, n_out: int, bias: bool, layer: int) -> list[Tensor]:
+        tensors = [Tensor(f"{name}.weight", n_in * n_out, layer)]
+        if bias:
+            tensors.append(Tensor(f"{name}.bias", n_out, layer))
+        return tensors
+
+    def layer_tensors(self, layer: int) -> list[Tensor]:
+        """Parameters of one transformer block: attention, MLP and two norms."""
+        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_dim
+        p = f"layers.{layer}"
+        t = self._norm(f"{p}.norm1", layer)
+        t += self._linear(f"{p}.attn.q", h, h, self.qkv_bias, layer)
+        t += self._linear(f"{p}.attn.k", h, kv, self.qkv_bias, layer)
+        t += self._linear(f"{p}.attn.v", h, kv, self.qkv_bias, layer)
+        t += self._linear(f"{p}.attn.out", h, h, self.out_bias, layer)
+        t += self._norm(f"{p}.norm2", layer)
+        if self.gated_mlp:
+            t += self._linear(f"{p}.mlp.gate", h, f, self.mlp_bias, layer)
+        t += self._linear(f"{p}.mlp.up", h, f, self.mlp_bias, layer)
+        t += self._linear(f"{p}.mlp.down", f, h, self.mlp_bias, layer)
+        return t
+
+    def embedding_tensors(self) -> list[Tensor]:
+        h = self.hidden_size
+        t = [Tensor("embed.tokens", self.vocab_size * h, -1)]
+        if self.position_embedding == "learned":
+            t.append(Tensor("embed.positions", self.max_position_embeddings * h, -1))
+        if self.type_vocab_size:
+            t.append(Tensor("embed.token_types", self.type_vocab_size * h, -1))
+        if self.embedding_norm:
+            t += self._norm("embed.norm", -1)
+        if self.relative_position_buckets:
+            t.append(Tensor("encoder.rel_embeddings", 2 * self.relative_position_buckets * h, -1))
+            t += self._norm("encoder.rel_norm", -1)
+        if self.conv_kernel_size:
+            t.append(Tensor("encoder.conv.weight", self.conv_kernel_size * h * h, -1))
+            t.append(Tensor("encoder.conv.bias", h, -1))
+            t += self._norm("encoder.conv_norm", -1)
+        return t
+
+    def head_tensors(self) -> list[Tensor]:
+        h = self.hidden_size
+        t = self._norm("final_norm", -1) if self.final_norm else []
+        if self.head == "lm" and not self.tied_embeddings:
+            t.append(Tensor("lm_head.weight", self.vocab_size * h, -1))
+        elif self.head == "pooler":
+            t += self._linear("pooler", h, h, True, -1)
+        return t
+
+    def tensors(self) -> list[Tensor]:
+        """Every trainable parameter tensor, shared (tied) tensors counted once."""
+        t = self.embedding_tensors()
+        for layer in range(self.num_layers):
+            t += self.layer_tensors(layer)
+        return t + self.head_tensors()
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.num_elems for t in self.tensors())
+
+    @property
+    def num_layer_params(self) -> int:
+        """Parameters of one transformer block."""
+        return sum(t.num_elems for t in self.layer_tensors(0))
