@@ -130,7 +130,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         source=f"Hugging Face config.json at {path}",
     )
-    return ModelSpec(**common, **_hf_family(model_type, cfg))
+    return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
 
 
 def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Peak memory per device of one DeepSpeed training configuration, with a breakdown that sums to it.
 
 A step passes through three phases and the peak is the largest of them (every term is bytes per device):
-  forward_backward    states + activations + logits + buckets that reduce during backward (ZeRO 2, 3)
+  forward_backward    states + activations + logits + buckets that reduce during backward (ZeRO 1-3)
                       + ZeRO-3 gathered parameters
-  gradient_reduction  states + the flat buffers that reduce gradients after backward (ZeRO 0, 1)
+  gradient_reduction  states + the flat buffers that all-reduce gradients after backward (ZeRO 0)
   optimizer_step      states + the fp32 gradients the optimizer consumes
 Model states follow the ZeRO paper (Rajbhandari et al. 2020, sec. 3 and 5): 2 + 2 + K bytes per
 parameter in mixed precision, partitioned over data-parallel ranks by stage.
@@ -18,7 +18,7 @@ from predictor.activations import (checkpoint_bytes_per_layer, embedding_activat
 from predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
 from predictor.job import Efficiency, Job
 
-__all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "model_states", "TERMS", "PHASES",
+__all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "model_states", "state_bytes", "TERMS", "PHASES",
            "DTYPE_BYTES", "STAGE0_ALLREDUCE_BUCKET_ELEMS"]
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -92,6 +92,12 @@ def _persistent_elems(job: Job, cfg: DSConfig) -> int:
 
 
 def model_states(job: Job, cfg: DSConfig) -> ModelStates:
+    """Model states of a job's model: see state_bytes."""
+    persistent = _persistent_elems(job, cfg) if cfg.zero.stage == 3 else 0
+    return state_bytes(job.model.num_params, job.cluster.world_size, cfg, persistent)
+
+
+def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_elems: float = 0) -> ModelStates:
     """Parameters, gradients and optimizer states per device (ZeRO paper sec. 5.1, eqs. for P_os, P_g, P_p).
 
     DeepSpeed's ZeRO optimizers keep an fp32 partition of the parameters even in fp32 training
@@ -100,8 +106,8 @@ def model_states(job: Job, cfg: DSConfig) -> ModelStates:
     DeepSpeed's 18 bytes in estimate_zero2_model_states_mem_needs (2 + 4 + 4 + 8).
     """
     z, p = cfg.zero, DTYPE_BYTES[cfg.precision]
-    n_dp = job.cluster.world_size // cfg.mp_size
-    psi = job.model.num_params / cfg.mp_size
+    n_dp = world_size // cfg.mp_size
+    psi = num_params / cfg.mp_size
     shard_os = n_dp if z.stage >= 1 else 1
     shard_g = n_dp if z.stage >= 2 else 1
     master = FP32_BYTES if (cfg.precision != "fp32" or z.stage >= 1) else 0
@@ -111,7 +117,7 @@ def model_states(job: Job, cfg: DSConfig) -> ModelStates:
     params = p * psi
     host = nvme = 0.0
     if z.stage == 3:
-        persistent = _persistent_elems(job, cfg) / cfg.mp_size
+        persistent = persistent_elems / cfg.mp_size
         partition = p * (psi - persistent) / n_dp
         params = p * persistent + (0.0 if z.offload_param.device != "none" else partition)
         if z.offload_param.device == "cpu":
@@ -166,20 +172,22 @@ def _stage3_gathered(job: Job, cfg: DSConfig) -> float:
 def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     """(during backward, after backward) bytes of gradient-reduction buffers.
 
-    ZeRO 1/2 reduce through reduce_bucket_size-element buffers, two of them with overlap_comm
-    (stage_1_and_2.py ipg_buffer); stage 2 does it during backward, stage 1 after it. Stage 3 reduces
-    through one reduce_bucket_size buffer during backward. Stage 0 flattens gradients in 5e8-element
-    buckets after backward. The allgather_bucket_size costs no memory: DeepSpeed gathers the updated
-    partitions in place (runtime/utils.py all_gather_dp_groups), it only sets how many calls are made.
+    ZeRO 1-3 reduce during backward. With contiguous_gradients DeepSpeed preallocates whole
+    reduce_bucket_size-element buffers whatever the model size, two with overlap_comm in stages 1-2
+    (stage_1_and_2.py setup_buckets, stage3.py ipg_buckets); without it each bucket is flattened on the fly
+    (at most the model). Stage 0 flattens gradients in 5e8-element buckets after backward
+    (engine.allreduce_gradients). allgather_bucket_size costs no memory: the updated partitions are
+    gathered in place (runtime/utils.py all_gather_dp_groups); it only sets how many calls are made.
     """
     z, g = cfg.zero, DTYPE_BYTES[cfg.grad_precision]
     psi = job.model.num_params / cfg.mp_size
-    if job.cluster.world_size // cfg.mp_size == 1:
-        return 0.0, 0.0
+    if job.cluster.world_size // cfg.mp_size == 1 and z.stage == 0:
+        return 0.0, 0.0  # one rank: nothing to reduce
     if z.stage == 0:
         return 0.0, min(psi, STAGE0_ALLREDUCE_BUCKET_ELEMS) * g
-    reduce = min(psi, z.reduce_bucket_size_elems) * g * (2 if z.overlap_comm and z.stage < 3 else 1)
-    return (reduce, 0.0) if z.stage >= 2 else (0.0, reduce)
+    elems = z.reduce_bucket_size_elems if z.contiguous_gradients else min(psi, z.reduce_bucket_size_elems)
+    copies = 2 if z.overlap_comm and z.stage < 3 and z.contiguous_gradients else 1
+    return elems * g * copies, 0.0
 
 
 def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> MemoryEstimate:

@@ -1,0 +1,195 @@
+"""The hardware and model catalogs in data/: every entry loads, carries a source, and agrees with its citation.
+
+Model entries describe architectures, never counts; the count they imply is checked here against the
+count the authors publish (exact where one is published, within the rounding of the figure otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from predictor.catalog import data_dir, list_hardware, list_models, load_hardware, load_model
+
+REQUIRED_HARDWARE = {"v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "gaudi", "gaudi2",
+                     "cpu"}
+REQUIRED_MODELS = {"distilbert-base", "bert-base", "bert-large", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
+                   "deberta-v2-xlarge", "deberta-v2-xxlarge", "gpt-neo-1.3b", "gpt-neo-2.7b", "megatron-gpt-1.3b",
+                   "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b"}
+
+EXACT = 1e-6
+# Models whose published size is a rounded figure: relative tolerance, and where the figure comes from.
+# Every other model must match its published exact count (num_parameters() of the Hugging Face model).
+ROUNDED_TOLERANCE = {
+    # model card (huggingface.co/microsoft/deberta-v2-xlarge): "The total parameters are 900M"; 884.6M by architecture
+    "deberta-v2-xlarge": 0.02,
+    # model card (huggingface.co/microsoft/deberta-v2-xxlarge): "Total parameters 1.5B", a figure rounded *down*:
+    # the architecture gives 1.5645B, and the 3.14 GB fp16 checkpoint on the same repository holds ~1.57B values.
+    "deberta-v2-xxlarge": 0.05,
+    # GPT-3 XL size as trained with Megatron-LM (Brown et al. 2020, Table 2.1: "1.3B"); 1.3158B with the vocab
+    # padded to 50304 as Megatron allocates it.
+    "megatron-gpt-1.3b": 0.02,
+}
+
+HW_NUMBER_KEYS = ("memory_gib", "runtime_reserved_gib", "fp32_tflops", "memory_bandwidth_gb_per_s",
+                  "intra_node_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_bandwidth_gb_per_s",
+                  "inter_node_latency_us", "host_to_device_gb_per_s", "gpus_per_node", "host_memory_gib")
+
+
+def _doc(kind: str, name: str) -> dict:
+    return yaml.safe_load((data_dir() / kind / f"{name}.yaml").read_text())
+
+
+# -- presence -------------------------------------------------------------------------------------------
+
+def test_required_hardware_present() -> None:
+    assert REQUIRED_HARDWARE <= set(list_hardware()), REQUIRED_HARDWARE - set(list_hardware())
+
+
+def test_required_models_present() -> None:
+    assert REQUIRED_MODELS <= set(list_models()), REQUIRED_MODELS - set(list_models())
+
+
+@pytest.mark.parametrize("kind, names", [("hardware", list_hardware()), ("models", list_models())])
+def test_file_stem_is_name(kind: str, names: list[str]) -> None:
+    for name in names:
+        assert _doc(kind, name)["name"] == name
+
+
+# -- hardware ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list_hardware())
+def test_hardware_numbers_are_numbers(name: str) -> None:
+    # yaml reads '989e12' as a string; the loader rejects it, and this names the key that does it.
+    doc = _doc("hardware", name)
+    for key in HW_NUMBER_KEYS + ("fp16_tflops", "bf16_tflops"):
+        value = doc.get(key)
+        if key in ("fp16_tflops", "bf16_tflops") and value is None:
+            continue
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{name}: {key} = {value!r}"
+        assert math.isfinite(value) and value >= 0, f"{name}: {key} = {value!r}"
+
+
+@pytest.mark.parametrize("name", list_hardware())
+def test_hardware_loads_with_sane_values(name: str) -> None:
+    hw = load_hardware(name)
+    assert hw.name == name
+    assert hw.source.strip()
+    memory_gib = hw.memory_bytes / 2**30
+    assert 8 <= memory_gib <= 512, memory_gib  # from a 16 GB V100 to a 141 GB H200, or a dev box's RAM
+    assert 0 <= hw.runtime_reserved_bytes < 0.1 * hw.memory_bytes
+    assert hw.host_memory_bytes >= hw.memory_bytes or hw.kind == "cpu"
+    assert hw.num_devices_per_node >= 1
+    assert "fp32" in hw.peak_flops
+    for rate in (hw.memory_bandwidth_bytes_per_s, hw.intra_node_bandwidth_bytes_per_s,
+                 hw.inter_node_bandwidth_bytes_per_s, hw.host_to_device_bandwidth_bytes_per_s):
+        assert rate > 0
+    assert hw.intra_node_latency_s > 0 and hw.inter_node_latency_s > 0
+
+
+@pytest.mark.parametrize("name", list_hardware())
+def test_half_precision_peak_at_least_fp32(name: str) -> None:
+    hw = load_hardware(name)
+    for precision in ("fp16", "bf16"):
+        if hw.supports(precision):
+            assert hw.peak_flops[precision] >= hw.peak_flops["fp32"], precision
+
+
+def test_volta_has_no_bf16() -> None:
+    # V100 datasheet: tensor cores run fp16 only; bf16 arrived with Ampere.
+    for name in ("v100-16gb", "v100-32gb"):
+        assert not load_hardware(name).supports("bf16")
+
+
+def test_published_peaks() -> None:
+    # NVIDIA datasheets, dense tensor-core figures (stas00/ml-engineering tables): A100 312, H100/H200 989 TFLOPS.
+    assert load_hardware("a100-80gb").peak_flops["bf16"] == pytest.approx(312e12)
+    assert load_hardware("h100-80gb").peak_flops["bf16"] == pytest.approx(989e12)
+    assert load_hardware("h200").peak_flops["bf16"] == pytest.approx(989e12)
+    assert load_hardware("v100-32gb").peak_flops["fp16"] == pytest.approx(125e12)
+
+
+# -- models --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list_models())
+def test_model_loads_with_source(name: str) -> None:
+    model = load_model(name)
+    assert model.name == name
+    assert model.source.strip()
+    assert model.published_num_params > 0, "every catalog model cites a published size"
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_num_params_matches_published(name: str) -> None:
+    model = load_model(name)
+    tolerance = ROUNDED_TOLERANCE.get(name, EXACT)
+    assert model.num_params == pytest.approx(model.published_num_params, rel=tolerance), (
+        f"{name}: architecture gives {model.num_params:,}, published {model.published_num_params:,}")
+
+
+def test_rounded_entries_are_in_catalog() -> None:
+    assert set(ROUNDED_TOLERANCE) <= set(list_models())
+
+
+# -- Hugging Face config.json, as the Hub publishes it ---------------------------------------------------
+
+GPT2_CONFIG = {
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+    "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+    "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+    "summary_use_proj": True, "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+    "vocab_size": 50257,
+}  # https://huggingface.co/openai-community/gpt2/blob/main/config.json
+
+LLAMA2_7B_CONFIG = {
+    "_name_or_path": "meta-llama/Llama-2-7b-hf", "architectures": ["LlamaForCausalLM"], "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.31.0.dev0", "use_cache": True, "vocab_size": 32000,
+}  # https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json
+
+LLAMA3_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0",
+    "use_cache": True, "vocab_size": 128256,
+}  # https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json (grouped-query attention)
+
+HF_CASES = [("gpt2", GPT2_CONFIG), ("llama-2-7b", LLAMA2_7B_CONFIG), ("llama-3-8b", LLAMA3_8B_CONFIG)]
+ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+                       "max_position_embeddings", "position_embedding", "tied_embeddings", "gated_mlp", "norm",
+                       "qkv_bias", "out_bias", "mlp_bias", "dropout", "type_vocab_size", "embedding_norm",
+                       "final_norm", "head", "relative_position_buckets", "conv_kernel_size")
+
+
+def _write_config(tmp_path: Path, name: str, config: dict) -> Path:
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+@pytest.mark.parametrize("name, config", HF_CASES, ids=[name for name, _ in HF_CASES])
+def test_hf_config_gives_catalog_num_params(tmp_path: Path, name: str, config: dict) -> None:
+    from_hf = load_model(str(_write_config(tmp_path, name, config)))
+    assert from_hf.num_params == load_model(name).num_params == load_model(name).published_num_params
+
+
+@pytest.mark.parametrize("name, config", HF_CASES, ids=[name for name, _ in HF_CASES])
+def test_hf_config_gives_catalog_architecture(tmp_path: Path, name: str, config: dict) -> None:
+    # Same count is not enough: the tensors ZeRO-3 partitions and the activations must follow the same shape.
+    from_hf = load_model(str(_write_config(tmp_path, name, config)))
+    catalog = load_model(name)
+    for field in ARCHITECTURE_FIELDS:
+        assert getattr(from_hf, field) == getattr(catalog, field), field

@@ -1,0 +1,117 @@
+"""The memory model against published figures and DeepSpeed's own estimators."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictor import DSConfig, ZeroConfig, estimate_memory
+from predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
+from predictor.dsconfig import ActivationCheckpointing, OffloadConfig
+from predictor.memory import TERMS, state_bytes
+from predictor.model import ModelSpec
+from predictor.units import GB, GIB
+from tests.conftest import make_job
+
+
+def mixed(stage: int, **zero) -> DSConfig:
+    return DSConfig(precision="fp16", zero=ZeroConfig(stage=stage, **zero))
+
+
+@pytest.mark.parametrize("stage, paper_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_model_states(stage: int, paper_gb: float) -> None:
+    # Rajbhandari et al. 2020, Table 1 / Figure 1: Psi = 7.5B, Nd = 64, K = 12, mixed-precision Adam.
+    # The paper counts 2 + 2 + K bytes; DeepSpeed's fp32 gradient partition for the step is separate.
+    s = state_bytes(7.5e9, 64, mixed(stage))
+    assert (s.parameters + s.gradients + s.optimizer_states) / GB == pytest.approx(paper_gb, abs=0.05)
+
+
+def test_zero_paper_table2_max_model_size_stage1() -> None:
+    # ZeRO paper Table 2: 64 GPUs, MP 1, 32 GB V100: the theoretical max with P_os is 7.6B parameters,
+    # i.e. 4 * Psi + 12 * Psi / 64 bytes = 32 GB.
+    s = state_bytes(7.6e9, 64, mixed(1))
+    assert (s.parameters + s.gradients + s.optimizer_states) / GB == pytest.approx(32, rel=0.02)
+
+
+def test_korthikanti_activations_figure1_22b() -> None:
+    # Korthikanti et al. 2022 Fig. 1 (22B, TP 8, s 2048, b 4, no recompute): 59.25 GiB of activations per
+    # GPU for 48 layers (value as digitized by the Calculon authors); eq. 2 gives it exactly.
+    m = ModelSpec("22b", 48, 6144, 64, 64, 24576, 51200, 2048)
+    assert 48 * layer_activation_bytes(m, 4, 2048, 2, tp=8) / GIB == pytest.approx(59.25, rel=0.01)
+
+
+def test_korthikanti_equation_for_gpt3_175b() -> None:
+    # Eq. 1 with t = 1: s*b*h*(34 + 5*a*s/h) bytes per layer; and full recompute keeps 2*s*b*h.
+    m = ModelSpec("175b", 96, 12288, 96, 96, 4 * 12288, 51200, 2048)
+    s, b, h, a = 2048, 1, 12288, 96
+    assert layer_activation_bytes(m, b, s, 2) == pytest.approx(s * b * h * (34 + 5 * a * s / h), rel=1e-12)
+    assert checkpoint_bytes_per_layer(m, b, s, 2) == 2 * s * b * h
+
+
+def test_breakdown_sums_to_total(gpt2_job) -> None:
+    for stage in range(4):
+        est = estimate_memory(gpt2_job, mixed(stage))
+        assert set(est.breakdown_bytes) == set(TERMS)
+        assert sum(est.breakdown_bytes.values()) == pytest.approx(est.total_bytes, rel=1e-12)
+        assert est.phase_totals_bytes[est.peak_phase] == pytest.approx(est.total_bytes, rel=1e-12)
+        assert est.total_bytes == pytest.approx(max(est.phase_totals_bytes.values()), rel=1e-12)
+
+
+def test_stage3_on_one_gpu_costs_more_than_stage2() -> None:
+    # Behaviour DeepSpeed users meet: with one data-parallel rank ZeRO-3 partitions nothing but still
+    # holds gathered and prefetched parameters, so it needs more memory than stage 2.
+    job = make_job(num_gpus=1)
+    assert estimate_memory(job, mixed(3)).total_bytes > estimate_memory(job, mixed(2)).total_bytes
+
+
+def test_offload_moves_optimizer_to_host() -> None:
+    job = make_job("gpt2-xl", num_gpus=8)
+    cpu = OffloadConfig(device="cpu")
+    on_gpu = estimate_memory(job, mixed(2))
+    offloaded = estimate_memory(job, mixed(2, offload_optimizer=cpu))
+    assert offloaded.breakdown_bytes["optimizer_states"] == 0
+    psi = job.model.num_params
+    # 12 bytes of fp32 master + Adam moments and 4 of fp32 gradients per partitioned parameter, 8 GPUs.
+    assert offloaded.host_bytes_per_node == pytest.approx(16 * psi / 8 * 8, rel=1e-9)
+    assert offloaded.total_bytes < on_gpu.total_bytes
+
+
+def test_fp32_adam_stage0_is_16_bytes_per_parameter() -> None:
+    # fp32 training without ZeRO: 4 (params) + 4 (grads) + 8 (Adam m, v) and no master copy.
+    s = state_bytes(1e9, 8, DSConfig(precision="fp32"))
+    assert s.parameters + s.gradients + s.optimizer_states + s.master_gradients == 16e9
+
+
+def test_sgd_without_momentum_keeps_no_state() -> None:
+    s = state_bytes(1e9, 8, DSConfig(precision="fp16", optimizer="sgd", zero=ZeroConfig(stage=1)))
+    assert s.optimizer_states == pytest.approx(4e9 / 8)  # only the fp32 master partition
+
+
+def test_activation_checkpointing_shrinks_activations(gpt2_job) -> None:
+    plain = estimate_memory(gpt2_job, mixed(1))
+    ckpt = estimate_memory(gpt2_job, mixed(1).replace(activation_checkpointing=ActivationCheckpointing(True)))
+    # Korthikanti sec. 4.3: from L * (34 s b h + 5 a s^2 b) to 2 s b h L, plus one layer recomputed.
+    m, s = gpt2_job.model, gpt2_job.seq_len
+    layer, kept = layer_activation_bytes(m, 1, s, 2), checkpoint_bytes_per_layer(m, 1, s, 2)
+    saved = plain.breakdown_bytes["activations"] - ckpt.breakdown_bytes["activations"]
+    assert saved == pytest.approx(m.num_layers * (layer - kept) - layer, rel=1e-9)
+    assert ckpt.total_bytes < plain.total_bytes
+
+
+def test_bf16_is_costed_as_16_bit_not_fp32() -> None:
+    # DeepSpeed's autotuner costs bf16 as fp32; bf16 halves parameters, gradients and activations.
+    gpt2_job = make_job(hardware="a100-80gb")
+    bf16 = estimate_memory(gpt2_job, DSConfig(precision="bf16", zero=ZeroConfig(stage=1)))
+    fp16 = estimate_memory(gpt2_job, DSConfig(precision="fp16", zero=ZeroConfig(stage=1)))
+    fp32 = estimate_memory(gpt2_job, DSConfig(precision="fp32", zero=ZeroConfig(stage=1)))
+    assert bf16.total_bytes == pytest.approx(fp16.total_bytes)
+    assert bf16.breakdown_bytes["parameters"] == pytest.approx(fp32.breakdown_bytes["parameters"] / 2)
+
+
+def test_unsupported_precision_is_refused() -> None:
+    with pytest.raises(ValueError, match="no bf16 support"):
+        estimate_memory(make_job(hardware="v100-32gb"), DSConfig(precision="bf16"))
+
+
+def test_offload_param_needs_stage3(gpt2_job) -> None:
+    with pytest.raises(ValueError, match="offload_param needs ZeRO stage 3"):
+        estimate_memory(gpt2_job, mixed(2, offload_param=OffloadConfig(device="cpu")))
