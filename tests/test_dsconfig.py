@@ -1,0 +1,103 @@
+"""Reading real ds_config files: DeepSpeed's rules, Hugging Face "auto" values, one-line errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from predictor.dsconfig import parse_ds_config, to_ds_config
+
+HF_ZERO3 = {  # the ZeRO-3 template of the Hugging Face DeepSpeed integration docs
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+        "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+        "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+
+
+def test_hugging_face_auto_values_resolve_as_the_trainer_does() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = parse_ds_config(HF_ZERO3, world_size=8, hidden_size=1024)
+    z = cfg.zero
+    # transformers' HfTrainerDeepSpeedConfig: hidden^2, 0.9 * hidden^2 and 10 * hidden.
+    assert z.reduce_bucket_size_elems == 1024 * 1024
+    assert z.stage3_prefetch_bucket_size_elems == int(0.9 * 1024 * 1024)
+    assert z.stage3_param_persistence_threshold_elems == 10 * 1024
+    assert z.offload_optimizer.device == "cpu" and z.offload_param.device == "cpu"
+    assert cfg.optimizer == "adamw" and cfg.precision == "fp32"
+
+
+def test_batch_triple_is_derived_like_deepspeed() -> None:
+    assert parse_ds_config({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, world_size=8) \
+        .gradient_accumulation_steps == 2
+    assert parse_ds_config({"train_batch_size": 64, "gradient_accumulation_steps": 2}, world_size=8) \
+        .train_micro_batch_size_per_gpu == 4
+
+
+def test_inconsistent_batch_triple_names_the_keys() -> None:
+    doc = {"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    with pytest.raises(ValueError, match="train_batch_size 48 != train_micro_batch_size_per_gpu 4"):
+        parse_ds_config(doc, world_size=8)
+
+
+def test_misspelled_zero_key_names_the_nearest_valid_key() -> None:
+    with pytest.raises(ValueError, match=r"zero_optimization\.reduce_bucket_sise.*'reduce_bucket_size'"):
+        parse_ds_config({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5e8}})
+
+
+def test_misspelled_offload_key_is_an_error() -> None:
+    with pytest.raises(ValueError, match="offload_optimizer.pin_memroy"):
+        parse_ds_config({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+                                                                                  "pin_memroy": True}}})
+
+
+def test_wrong_type_is_an_error() -> None:
+    with pytest.raises(ValueError, match="zero_optimization.overlap_comm must be true or false"):
+        parse_ds_config({"zero_optimization": {"stage": 2, "overlap_comm": "yes"}})
+    with pytest.raises(ValueError, match="zero_optimization.stage must be 0, 1, 2 or 3"):
+        parse_ds_config({"zero_optimization": {"stage": 4}})
+
+
+def test_unknown_top_level_key_is_only_a_warning() -> None:
+    with pytest.warns(UserWarning, match="'gradient_clippin'.*'gradient_clipping'"):
+        cfg = parse_ds_config({"gradient_clippin": 1.0, "train_micro_batch_size_per_gpu": 2})
+    assert cfg.train_micro_batch_size_per_gpu == 2
+
+
+def test_overlap_comm_defaults_follow_deepspeed() -> None:
+    # deepspeed/runtime/zero/config.py overlap_comm_valid: True for stage 3 only.
+    assert parse_ds_config({"zero_optimization": {"stage": 3}}).zero.overlap_comm is True
+    assert parse_ds_config({"zero_optimization": {"stage": 2}}).zero.overlap_comm is False
+
+
+def test_both_half_precisions_is_an_error() -> None:
+    with pytest.raises(ValueError, match="both fp16.enabled and bf16.enabled"):
+        parse_ds_config({"fp16": {"enabled": True}, "bf16": {"enabled": True}})
+
+
+def test_autotuning_section_is_read() -> None:
+    cfg = parse_ds_config({"autotuning": {"enabled": True, "metric": "FLOPS", "fast": False, "mp_size": 2,
+                                          "arg_mappings": {"train_micro_batch_size_per_gpu": "--bs"}}},
+                          world_size=8)
+    assert cfg.autotuning.metric == "flops" and cfg.autotuning.fast is False and cfg.mp_size == 2
+    assert cfg.autotuning.arg_mappings == {"train_micro_batch_size_per_gpu": "--bs"}
+
+
+def test_round_trip_keeps_the_users_other_keys() -> None:
+    doc = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 1.0, "bf16": {"enabled": True},
+           "zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8}}
+    out = to_ds_config(parse_ds_config(doc, world_size=4), world_size=4)
+    assert out["gradient_clipping"] == 1.0 and out["bf16"] == {"enabled": True}
+    assert out["train_batch_size"] == 12 and out["zero_optimization"]["reduce_bucket_size"] == 200_000_000
+    again = to_ds_config(parse_ds_config(out, world_size=4), world_size=4)
+    assert again == out
