@@ -13,6 +13,7 @@ zerotune differs from them on purpose in three places, each asserted here:
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -68,3 +69,45 @@ def test_zero3_within_stated_margin_of_deepspeed_estimator(model: str, nodes: in
     # The gap is the 16-bit gradient partition plus the prefetch bucket in flight; what is left (small
     # tensors kept whole by stage3_param_persistence_threshold) stays under 1% of the estimate.
     assert ours - 2 * partitioned - prefetch == pytest.approx(ds_gpu, rel=0.01)
+
+
+def _torch_mirror(model_name: str):
+    """A torch module with exactly the catalog model's parameter tensors, one submodule per block."""
+    import torch
+
+    spec = make_job(model_name).model
+
+    def holder(tensors):
+        mod = torch.nn.Module()
+        for i, t in enumerate(tensors):
+            mod.register_parameter(f"p{i}", torch.nn.Parameter(torch.empty(t.num_elems)))
+        return mod
+
+    root = torch.nn.Module()
+    root.add_module("embed", holder(spec.embedding_tensors()))
+    for layer in range(spec.num_layers):
+        root.add_module(f"block{layer}", holder(spec.layer_tensors(layer)))
+    root.add_module("head", holder(spec.head_tensors()))
+    return root
+
+
+def _printed_gpu_gib(printed: str, options: str) -> float:
+    line = next(row for row in printed.splitlines() if row.rstrip().endswith(options))
+    return float(re.findall(r"([\d.]+)GB", line)[1])
+
+
+def test_all_live_estimators_on_a_gpt2_sized_module(capsys) -> None:
+    # DeepSpeed's *_all_live estimators, given a real nn.Module, print GiB with two decimals.
+    module = _torch_mirror("gpt2")
+    job = make_job("gpt2", "a100-80gb", 1, 4)
+    stage_1_and_2.estimate_zero2_model_states_mem_needs_all_live(module, num_gpus_per_node=4)
+    printed = capsys.readouterr().out
+    ours2 = _state_total(job, DSConfig(precision="fp16", zero=ZeroConfig(stage=2)))
+    assert ours2 / 2**30 == pytest.approx(_printed_gpu_gib(printed, "offload_optimizer=none"), abs=0.006)
+    stage3.estimate_zero3_model_states_mem_needs_all_live(module, num_gpus_per_node=4)
+    printed = capsys.readouterr().out
+    cfg3 = DSConfig(precision="fp16", zero=ZeroConfig(stage=3))
+    gathered = estimate_memory(job, cfg3).breakdown_bytes["zero3_gathered"]
+    ours3 = _state_total(job, cfg3) + gathered - 2 * job.model.num_params / 4 - 2 * cfg3.zero.stage3_prefetch_bucket_size_elems
+    ds3 = _printed_gpu_gib(printed, "offload_param=none, offload_optimizer=none, zero_init=1")
+    assert ours3 / 2**30 == pytest.approx(ds3, abs=0.006 + 0.01 * ds3)
