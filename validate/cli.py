@@ -25,7 +25,7 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        self.exit(EXIT_USAGE, f"zerotune: error: {message}; see zerotune {self.prog.split()[-1]} --help\n")
+        self.exit(EXIT_USAGE, f"zerotune: error: {message}; see {self.prog} --help\n")
 
 
 def _positive(flag: str):
@@ -182,9 +182,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"zerotune: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:  # output piped into `head`: not an error
-        sys.stderr.close()
-        return 0
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):  # output piped into `head`: not an error
+            sys.stderr.close()
+            return 0
+        print(f"zerotune: error: {exc.filename or ''}: {exc.strerror}; check the path and its permissions",
+              file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":
