@@ -33,3 +33,20 @@ class Efficiency:
     runs a few percent above peak allocated in steady-state training (PyTorch CUDA memory notes)."""
     runtime_reserved_bytes: float | None = None
     """Memory outside the allocator (CUDA context, NCCL); None takes the hardware catalog's figure."""
+    compute_efficiency_max: float = 0.5
+    """Achieved / peak FLOP/s of a training step's kernels at large sizes. Uncalibrated default: Megatron-LM
+    reaches 44-52% of A100 peak end to end (Narayanan et al. 2021, Table 1: 135-163 of 312 TFLOP/s); dense
+    GEMMs alone reach 80-87% (stas00/ml-engineering, maximum achievable matmul FLOPS)."""
+    compute_half_size: float = 2.0**20
+    """Problem size (micro-batch tokens x hidden / tensor parallel) at which efficiency is half its
+    maximum: small micro-batches and hidden sizes run far below peak. Uncalibrated default."""
+    intra_node_bandwidth_efficiency: float = 0.75
+    """Achieved bus bandwidth / link peak within a node (nccl-tests busbw on NVLink is ~75-80% of peak)."""
+    inter_node_bandwidth_efficiency: float = 0.8
+    overlap_efficiency: float = 0.9
+    """Share of backward compute that overlap_comm can hide communication behind."""
+    optimizer_bytes_per_param: float = 30.0
+    """Memory traffic of one Adam update per fp32 parameter: read param, grad, m, v (16 B), write param,
+    m, v (12 B) and the 16-bit copy (2 B); the step is memory-bandwidth bound."""
+    host_optimizer_params_per_s: float = 1.0e9
+    """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""

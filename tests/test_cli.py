@@ -36,6 +36,10 @@ def test_predict_json_has_the_documented_keys() -> None:
     mem = doc["memory"]
     assert sum(mem["breakdown"].values()) == pytest.approx(mem["total_bytes"], rel=1e-9)
     assert mem["fits"] == (mem["total_bytes"] <= mem["capacity_bytes"])
+    time = doc["time"]
+    assert sum(time["breakdown"].values()) == pytest.approx(time["step_s"], rel=1e-9)
+    assert doc["throughput_samples_per_s"] == pytest.approx(48 / time["step_s"], rel=1e-9)  # train_batch_size 48
+    assert doc["tflops_per_gpu"] > 0 and doc["latency_ms"] == pytest.approx(time["step_s"] * 1e3)
 
 
 def test_flags_override_the_ds_config(tmp_path: Path) -> None:

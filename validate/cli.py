@@ -12,8 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from predictor import (ClusterSpec, DSConfig, Job, MemoryEstimate, estimate_memory, experiment_name, load_hardware,
-                       load_model, parse_ds_config, to_ds_config)
+from predictor import (ClusterSpec, DSConfig, Estimate, Job, estimate, experiment_name, load_hardware, load_model,
+                       parse_ds_config, to_ds_config)
 from predictor.dsconfig import OffloadConfig
 from predictor.units import GIB
 
@@ -112,8 +112,9 @@ def _setup(args: argparse.Namespace) -> tuple[Job, DSConfig]:
     return Job(model, cluster, seq_len), cfg
 
 
-def prediction_dict(job: Job, cfg: DSConfig, mem: MemoryEstimate) -> dict[str, Any]:
+def prediction_dict(est: Estimate) -> dict[str, Any]:
     """The JSON edge of a prediction: one object per configuration."""
+    job, cfg, mem, time = est.job, est.config, est.memory, est.time
     cluster = job.cluster
     return {
         "name": experiment_name(cfg),
@@ -130,6 +131,11 @@ def prediction_dict(job: Job, cfg: DSConfig, mem: MemoryEstimate) -> dict[str, A
             "host_capacity_bytes_per_node": mem.host_capacity_bytes_per_node,
             "nvme_bytes_per_node": mem.nvme_bytes_per_node,
         },
+        "time": {"step_s": time.step_s, "breakdown": {f"{term}_s": v for term, v in time.breakdown_s.items()},
+                 "comm_total_s": time.comm_total_s},
+        "throughput_samples_per_s": est.throughput_samples_per_s, "latency_ms": est.latency_ms,
+        "tflops_per_gpu": est.flops_per_gpu / 1e12, "tokens_per_s": est.tokens_per_s, "mfu": est.mfu,
+        "calibrated": False,
     }
 
 
@@ -137,7 +143,8 @@ def _offload_text(off: OffloadConfig) -> str:
     return off.device if off.device != "none" else "-"
 
 
-def format_memory(job: Job, cfg: DSConfig, mem: MemoryEstimate) -> str:
+def format_estimate(est: Estimate) -> str:
+    job, cfg, mem = est.job, est.config, est.memory
     c, z = job.cluster, cfg.zero
     lines = [
         f"{job.model.name} ({job.model.num_params / 1e6:,.1f}M parameters) on {c.world_size} x {c.hardware.name} "
@@ -159,13 +166,18 @@ def format_memory(job: Job, cfg: DSConfig, mem: MemoryEstimate) -> str:
     if mem.host_bytes_per_node or mem.nvme_bytes_per_node:
         lines.append(f"host memory per node for offload: {mem.host_bytes_per_node / GIB:.2f} GiB of "
                      f"{mem.host_capacity_bytes_per_node / GIB:.0f} GiB; NVMe {mem.nvme_bytes_per_node / GIB:.2f} GiB")
+    lines += ["", f"{'time per optimizer step (uncalibrated)':<44}{'ms':>9}{'share':>8}"]
+    for term, value in est.time.breakdown_s.items():
+        lines.append(f"  {term:<42}{value * 1e3:>9.1f}{value / est.time.step_s:>8.1%}")
+    lines += [f"  {'step':<42}{est.time.step_s * 1e3:>9.1f}", "",
+              f"throughput {est.throughput_samples_per_s:,.1f} samples/s ({est.tokens_per_s:,.0f} tokens/s), "
+              f"{est.flops_per_gpu / 1e12:.1f} TFLOP/s per GPU, MFU {est.mfu:.1%}"]
     return "\n".join(lines)
 
 
 def _predict(args: argparse.Namespace) -> int:
-    job, cfg = _setup(args)
-    mem = estimate_memory(job, cfg)
-    print(json.dumps(prediction_dict(job, cfg, mem), indent=2) if args.json else format_memory(job, cfg, mem))
+    est = estimate(*_setup(args))
+    print(json.dumps(prediction_dict(est), indent=2) if args.json else format_estimate(est))
     return 0
 
 

@@ -1,0 +1,186 @@
+"""Time of one optimizer step (gradient_accumulation_steps micro-batches), with a breakdown that sums to it.
+
+Communication follows how DeepSpeed schedules each ZeRO stage, per optimizer step with G micro-steps,
+N data-parallel ranks, Psi parameters, p / g bytes per parameter and gradient:
+  stage 0  all-reduce of Psi*g once, after the last backward, in 5e8-element buckets (not overlapped)
+  stage 1  reduce-scatter of Psi*g in the last micro-step's backward, all-gather of Psi*p after the step
+  stage 2  reduce-scatter of Psi*g in every micro-step's backward, all-gather of Psi*p after the step
+  stage 3  every micro-step: all-gather of Psi*p in forward and again in backward, reduce-scatter of Psi*g
+Ring collectives cost (N-1)/N of the bytes per rank (twice for all-reduce) over the slowest link, plus
+a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth convention).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from predictor.dsconfig import DSConfig
+from predictor.flops import micro_batch_flops
+from predictor.job import Efficiency, Job
+from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
+
+__all__ = ["TimeEstimate", "Collective", "estimate_time", "collective_s", "data_parallel_collectives",
+           "compute_efficiency", "TIME_TERMS"]
+
+TIME_TERMS = ("forward", "backward", "recompute", "exposed_comm", "tensor_parallel_comm", "optimizer_step",
+              "offload")
+CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
+Phase = Literal["backward", "forward_backward", "after_step", "after_backward"]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of data-parallel collective in one micro-step (or once per step), split into buckets."""
+
+    kind: CollectiveKind
+    bytes_per_rank: float
+    num_buckets: int
+    phase: Phase
+    per_micro_step: bool
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    breakdown_s: dict[str, float]
+    """One entry per TIME_TERMS; they sum to step_s."""
+    comm_total_s: float
+    """All data-parallel communication, hidden or not."""
+    model_flops_per_gpu: float
+    """Forward + backward FLOPs per GPU per step (what MFU and DeepSpeed's FLOPS metric count)."""
+
+    @property
+    def step_s(self) -> float:
+        return sum(self.breakdown_s.values())
+
+
+def compute_efficiency(size: float, eff: Efficiency) -> float:
+    """Saturating efficiency curve: eff_max * x / (x + x_half)."""
+    return eff.compute_efficiency_max * size / (size + eff.compute_half_size)
+
+
+def _link(job: Job, eff: Efficiency) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of the slowest link a data-parallel ring crosses."""
+    hw = job.cluster.hardware
+    if job.cluster.num_nodes > 1:
+        return hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency, hw.inter_node_latency_s
+    return hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency, hw.intra_node_latency_s
+
+
+def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float) -> float:
+    if num_ranks == 1:
+        return 0.0
+    steps = 2 * (num_ranks - 1) if c.kind == "all_reduce" else num_ranks - 1
+    volume = c.bytes_per_rank * steps / num_ranks
+    return volume / bandwidth + c.num_buckets * steps * latency
+
+
+def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
+    z = cfg.zero
+    psi = job.model.num_params / cfg.mp_size
+    p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
+    buckets = lambda elems: max(1, math.ceil(psi / max(elems, 1)))  # noqa: E731
+    if z.stage == 0:
+        return [Collective("all_reduce", psi * g, buckets(STAGE0_ALLREDUCE_BUCKET_ELEMS), "after_backward", False)]
+    gather = Collective("all_gather", psi * p, buckets(z.allgather_bucket_size_elems), "after_step", False)
+    reduce = Collective("reduce_scatter", psi * g, buckets(z.reduce_bucket_size_elems), "backward", z.stage >= 2)
+    if z.stage < 3:
+        return [reduce, gather]
+    fetch = buckets(z.stage3_prefetch_bucket_size_elems)
+    return [reduce, Collective("all_gather", 2 * psi * p, 2 * fetch, "forward_backward", True)]
+
+
+def _compute(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float, float, float]:
+    """(forward, backward, recompute seconds per micro-step, model FLOPs per micro-step) per GPU."""
+    m, b, s = job.model, cfg.train_micro_batch_size_per_gpu, job.seq_len
+    flops = micro_batch_flops(m, b, s, cfg.activation_checkpointing.enabled)
+    rate = job.cluster.hardware.peak_flops[cfg.precision] * compute_efficiency(b * s * m.hidden_size / cfg.mp_size,
+                                                                              eff)
+    tp = cfg.mp_size
+    return (flops.forward_flops / tp / rate, flops.backward_flops / tp / rate, flops.recompute_flops / tp / rate,
+            flops.model_flops / tp)
+
+
+def _exposed(comm_s: float, window_s: float, last_bucket_s: float, overlap: bool, eff: Efficiency) -> float:
+    """Closed form: with overlap_comm, communication hides behind the compute window it runs beside,
+    except the last bucket, which starts only when the window ends."""
+    if not overlap:
+        return comm_s
+    return max(comm_s - eff.overlap_efficiency * window_s, min(comm_s, last_bucket_s))
+
+
+def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: float,
+                           rec: float) -> tuple[float, float]:
+    """(exposed, total) seconds of data-parallel communication per optimizer step."""
+    n_dp = job.cluster.world_size // cfg.mp_size
+    bandwidth, latency = _link(job, eff)
+    gas, overlap = cfg.gradient_accumulation_steps, cfg.zero.overlap_comm
+    exposed = total = 0.0
+    stage3_window: list[Collective] = []
+    for c in data_parallel_collectives(job, cfg):
+        t = collective_s(c, n_dp, bandwidth, latency)
+        repeats = gas if c.per_micro_step else 1
+        total += t * repeats
+        if cfg.zero.stage == 3:
+            stage3_window.append(c)
+        elif c.phase == "backward":
+            exposed += repeats * _exposed(t, bwd + rec, t / c.num_buckets, overlap, eff)
+        else:
+            exposed += t * repeats
+    if stage3_window:
+        # Prefetched all-gathers hide behind forward and backward; the gradient reduce-scatter only with
+        # overlap_comm. Both share one link, so they are costed together over the same window.
+        gathers = sum(collective_s(c, n_dp, bandwidth, latency) for c in stage3_window if c.kind == "all_gather")
+        reduces = sum(collective_s(c, n_dp, bandwidth, latency) for c in stage3_window if c.kind != "all_gather")
+        hidden = gathers + (reduces if overlap else 0.0)
+        last = max(collective_s(c, n_dp, bandwidth, latency) / c.num_buckets for c in stage3_window)
+        per_micro = _exposed(hidden, fwd + bwd + rec, last, True, eff) + (0.0 if overlap else reduces)
+        exposed += gas * per_micro
+    return exposed, total
+
+
+def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
+    """Megatron's tensor parallelism all-reduces activations twice per block in forward and twice in
+    backward (Shoeybi et al. 2019, fig. 4), and twice more when the block is recomputed."""
+    tp = cfg.mp_size
+    if tp == 1:
+        return 0.0
+    hw, m = job.cluster.hardware, job.model
+    size = cfg.train_micro_batch_size_per_gpu * job.seq_len * m.hidden_size * DTYPE_BYTES[cfg.precision]
+    per_call = collective_s(Collective("all_reduce", size, 1, "forward_backward", True), tp,
+                            hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency,
+                            hw.intra_node_latency_s)
+    calls = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
+    return cfg.gradient_accumulation_steps * m.num_layers * calls * per_call
+
+
+def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
+    """(optimizer step on the device, offload time) per optimizer step."""
+    z, hw = cfg.zero, job.cluster.hardware
+    n_dp = job.cluster.world_size // cfg.mp_size
+    psi = job.model.num_params / cfg.mp_size
+    partition = psi / n_dp if z.stage >= 1 else psi
+    if z.offload_optimizer.device == "none":
+        return partition * eff.optimizer_bytes_per_param / hw.memory_bandwidth_bytes_per_s, 0.0
+    # ZeRO-Offload: gradients down and updated 16-bit parameters up over PCIe, Adam on the node's CPU
+    # shared by its GPUs (Ren et al. 2021, sec. 4).
+    p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
+    transfers = partition * (g + p) / hw.host_to_device_bandwidth_bytes_per_s
+    host_adam = partition * job.cluster.num_gpus_per_node / eff.host_optimizer_params_per_s
+    offload = transfers + host_adam
+    if z.offload_param.device != "none":
+        offload += cfg.gradient_accumulation_steps * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
+    return 0.0, offload
+
+
+def estimate_time(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> TimeEstimate:
+    """Seconds per optimizer step for one configuration, with its breakdown."""
+    fwd, bwd, rec, model_flops = _compute(job, cfg, eff)
+    exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec)
+    optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff)
+    gas = cfg.gradient_accumulation_steps
+    breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "exposed_comm": exposed,
+                 "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff), "optimizer_step": optimizer_s,
+                 "offload": offload_s}
+    return TimeEstimate(breakdown_s=breakdown, comm_total_s=comm_total, model_flops_per_gpu=gas * model_flops)

@@ -1,0 +1,96 @@
+"""The step-time model: FLOP counts from the literature, DeepSpeed's communication schedule per stage."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from predictor import DSConfig, Efficiency, ZeroConfig, estimate, estimate_time
+from predictor.dsconfig import ActivationCheckpointing
+from predictor.flops import micro_batch_flops
+from predictor.model import ModelSpec
+from predictor.step_time import TIME_TERMS, data_parallel_collectives
+from tests.conftest import make_job
+
+EFF = Efficiency()
+
+
+def fp16(stage: int, **kw) -> DSConfig:
+    zero = {k: v for k, v in kw.items() if k in ZeroConfig.__dataclass_fields__}
+    rest = {k: v for k, v in kw.items() if k not in zero}
+    return DSConfig(precision="fp16", zero=ZeroConfig(stage=stage, **zero), **rest)
+
+
+def test_flops_match_megatron_formula() -> None:
+    # Narayanan et al. 2021 eq. (sec. 5.1): 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) per step with recompute.
+    m = ModelSpec("gpt-18b", 40, 6144, 48, 48, 4 * 6144, 51200, 2048)
+    b, s, l, h, v = 8, 2048, 40, 6144, 51200
+    flops = micro_batch_flops(m, b, s, recompute=True).total_flops
+    assert flops == pytest.approx(96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h)), rel=1e-12)
+
+
+def test_breakdown_sums_to_step_time() -> None:
+    job = make_job("gpt2-xl", "a100-80gb", 2, 8)
+    for stage in range(4):
+        t = estimate_time(job, fp16(stage, gradient_accumulation_steps=2))
+        assert set(t.breakdown_s) == set(TIME_TERMS)
+        assert sum(t.breakdown_s.values()) == pytest.approx(t.step_s, rel=1e-12)
+
+
+def test_stage0_all_reduce_is_a_ring() -> None:
+    # Ring all-reduce: each rank sends and receives 2(N-1)/N of the gradient bytes (Thakur et al. 2005).
+    job = make_job("gpt2-large", "a100-80gb", 1, 8)
+    hw, psi = job.cluster.hardware, job.model.num_params
+    t = estimate_time(job, fp16(0))
+    bw = hw.intra_node_bandwidth_bytes_per_s * EFF.intra_node_bandwidth_efficiency
+    buckets = math.ceil(psi / 5e8)  # DeepSpeed engine.allreduce_gradients: 5e8-element buckets
+    expected = 2 * 7 / 8 * 2 * psi / bw + buckets * 2 * 7 * hw.intra_node_latency_s
+    assert t.comm_total_s == pytest.approx(expected, rel=1e-9)
+    assert t.breakdown_s["exposed_comm"] == pytest.approx(expected, rel=1e-9)  # after backward: not hidden
+
+
+def test_stage3_moves_one_and_a_half_times_stage2() -> None:
+    # ZeRO paper sec. 7.2: P_os+g moves 2*Psi per step like data parallelism, P_os+g+p 3*Psi.
+    job = make_job("llama-2-7b", "a100-80gb", 4, 8)
+    big = dict(reduce_bucket_size_elems=10**10, allgather_bucket_size_elems=10**10,
+               stage3_prefetch_bucket_size_elems=10**10)  # one bucket each: bandwidth terms only
+    two, three = (estimate_time(job, fp16(s, **big)).comm_total_s for s in (2, 3))
+    assert three / two == pytest.approx(1.5, rel=0.01)
+
+
+def test_gradient_accumulation_repeats_stage2_reduction_only() -> None:
+    # Stage 2 reduce-scatters in every micro-step's backward; stages 0 and 1 reduce once per step.
+    job = make_job("gpt2-xl", "a100-80gb", 2, 8)
+    for stage, grows in ((0, False), (1, False), (2, True), (3, True)):
+        one, four = (estimate_time(job, fp16(stage, gradient_accumulation_steps=g)).comm_total_s for g in (1, 4))
+        assert (four > one * 1.5) is grows, stage
+    reduce = [c for c in data_parallel_collectives(job, fp16(2)) if c.kind == "reduce_scatter"]
+    assert reduce and reduce[0].per_micro_step
+
+
+def test_overlap_comm_hides_communication_but_not_the_last_bucket() -> None:
+    job = make_job("gpt2-xl", "a100-80gb", 2, 8)
+    plain = estimate_time(job, fp16(2, overlap_comm=False))
+    overlapped = estimate_time(job, fp16(2, overlap_comm=True))
+    assert overlapped.breakdown_s["exposed_comm"] < plain.breakdown_s["exposed_comm"]
+    assert overlapped.breakdown_s["exposed_comm"] > 0  # the all-gather after the step and the last bucket
+
+
+def test_metrics_follow_deepspeeds_definitions() -> None:
+    job = make_job("gpt2-large", "v100-32gb", 1, 16)
+    est = estimate(job, fp16(1, train_micro_batch_size_per_gpu=3, gradient_accumulation_steps=2))
+    assert est.samples_per_step == 3 * 2 * 16  # train_batch_size
+    assert est.throughput_samples_per_s == pytest.approx(96 / est.time.step_s)
+    assert est.latency_ms == pytest.approx(est.time.step_s * 1e3)
+    flops = micro_batch_flops(job.model, 3, job.seq_len, recompute=False).model_flops * 2
+    assert est.flops_per_gpu == pytest.approx(flops / est.time.step_s)
+    assert 0 < est.mfu < Efficiency().compute_efficiency_max
+
+
+def test_recompute_costs_one_more_forward() -> None:
+    job = make_job("gpt2-large", "a100-80gb", 1, 8)
+    plain = estimate_time(job, fp16(1))
+    ckpt = estimate_time(job, fp16(1, activation_checkpointing=ActivationCheckpointing(True)))
+    logits_share = plain.breakdown_s["forward"] - ckpt.breakdown_s["recompute"]
+    assert 0 < logits_share < 0.25 * plain.breakdown_s["forward"]  # the logits are not recomputed
