@@ -22,7 +22,7 @@ from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "collective_s", "data_parallel_collectives",
-           "compute_efficiency", "TIME_TERMS"]
+           "compute_efficiency", "last_micro_step_exposed", "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "exposed_comm", "tensor_parallel_comm", "optimizer_step",
               "offload")
@@ -110,33 +110,53 @@ def _exposed(comm_s: float, window_s: float, last_bucket_s: float, overlap: bool
     return max(comm_s - eff.overlap_efficiency * window_s, min(comm_s, last_bucket_s))
 
 
+def _windowed(comms: list[tuple[float, int]], window_s: float, overlap: bool, eff: Efficiency) -> float:
+    """Exposed seconds of collectives (time, buckets) that run beside one compute window."""
+    total = sum(t for t, _ in comms)
+    last = max((t / n for t, n in comms), default=0.0)
+    return _exposed(total, window_s, last, overlap, eff)
+
+
+def last_micro_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> float:
+    """Exposed data-parallel communication inside the last micro-step (the one every stage >= 1 reduces in);
+    what simulate.simulate_micro_step checks."""
+    fwd, bwd, rec, _ = _compute(job, cfg, eff)
+    return _in_step_exposed(job, cfg, eff, fwd, bwd + rec)[0]
+
+
+def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: float) -> tuple[float, float]:
+    """(last micro-step, any other micro-step) exposed seconds of the collectives run inside a micro-step.
+
+    Stage 3 gathers parameters beside forward (prefetch needs no overlap_comm) and again beside backward,
+    where the gradient reduce-scatter shares the link; each window hides only its own collectives."""
+    n_dp = job.cluster.world_size // cfg.mp_size
+    bandwidth, latency = _link(job, eff)
+    overlap = cfg.zero.overlap_comm
+    timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
+    in_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward"]
+    if cfg.zero.stage < 3:
+        last = _windowed(in_bwd, bwd, overlap, eff)
+        return last, (last if cfg.zero.stage == 2 else 0.0)
+    gathers = [(t / 2, max(1, c.num_buckets // 2)) for c, t in timed if c.phase == "forward_backward"]
+    forward = _windowed(gathers, fwd, True, eff)
+    backward = _windowed(gathers + (in_bwd if overlap else []), bwd, True, eff)
+    exposed = forward + backward + (0.0 if overlap else sum(t for t, _ in in_bwd))
+    return exposed, exposed
+
+
 def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: float,
                            rec: float) -> tuple[float, float]:
     """(exposed, total) seconds of data-parallel communication per optimizer step."""
     n_dp = job.cluster.world_size // cfg.mp_size
     bandwidth, latency = _link(job, eff)
-    gas, overlap = cfg.gradient_accumulation_steps, cfg.zero.overlap_comm
-    exposed = total = 0.0
-    stage3_window: list[Collective] = []
+    gas = cfg.gradient_accumulation_steps
+    last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
+    exposed, total = last + (gas - 1) * other, 0.0
     for c in data_parallel_collectives(job, cfg):
         t = collective_s(c, n_dp, bandwidth, latency)
-        repeats = gas if c.per_micro_step else 1
-        total += t * repeats
-        if cfg.zero.stage == 3:
-            stage3_window.append(c)
-        elif c.phase == "backward":
-            exposed += repeats * _exposed(t, bwd + rec, t / c.num_buckets, overlap, eff)
-        else:
-            exposed += t * repeats
-    if stage3_window:
-        # Prefetched all-gathers hide behind forward and backward; the gradient reduce-scatter only with
-        # overlap_comm. Both share one link, so they are costed together over the same window.
-        gathers = sum(collective_s(c, n_dp, bandwidth, latency) for c in stage3_window if c.kind == "all_gather")
-        reduces = sum(collective_s(c, n_dp, bandwidth, latency) for c in stage3_window if c.kind != "all_gather")
-        hidden = gathers + (reduces if overlap else 0.0)
-        last = max(collective_s(c, n_dp, bandwidth, latency) / c.num_buckets for c in stage3_window)
-        per_micro = _exposed(hidden, fwd + bwd + rec, last, True, eff) + (0.0 if overlap else reduces)
-        exposed += gas * per_micro
+        total += t * (gas if c.per_micro_step else 1)
+        if c.phase in ("after_backward", "after_step"):
+            exposed += t  # nothing left to hide behind
     return exposed, total
 
 

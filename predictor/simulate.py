@@ -1,0 +1,101 @@
+"""A one-micro-step simulation: per-layer compute and bucketed collectives on two streams.
+
+The closed form in step_time.py hides communication behind a compute window in bulk. This builds the
+dependency graph it abstracts (networkx): forward and backward tasks per block on a compute stream,
+gradient buckets that fill as blocks finish backward and are reduced on a communication stream, and for
+ZeRO-3 the per-block parameter all-gathers that prefetch ahead of the compute that needs them. Each
+stream runs its tasks in issue order, a task starts when its stream is free and its inputs are done
+(list scheduling), and the exposed communication is the makespan minus the compute. It is slower than
+the closed form and used to check it, not to rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from predictor.dsconfig import DSConfig
+from predictor.job import Efficiency, Job
+from predictor.memory import DTYPE_BYTES
+from predictor.step_time import Collective, _compute, _link, collective_s
+
+__all__ = ["SimulatedMicroStep", "simulate_micro_step"]
+
+
+@dataclass(frozen=True)
+class SimulatedMicroStep:
+    makespan_s: float
+    compute_s: float
+    comm_s: float
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.makespan_s - self.compute_s
+
+
+def _add(graph: nx.DiGraph, name: str, stream: str, duration: float, after: list[str]) -> str:
+    graph.add_node(name, stream=stream, duration=duration, order=graph.number_of_nodes())
+    graph.add_edges_from((dep, name) for dep in after if dep)
+    return name
+
+
+def _schedule(graph: nx.DiGraph) -> float:
+    """List scheduling: each stream runs its tasks in issue order."""
+    free: dict[str, float] = {}
+    finish: dict[str, float] = {}
+    for node in nx.lexicographical_topological_sort(graph, key=lambda n: graph.nodes[n]["order"]):
+        attrs = graph.nodes[node]
+        start = max([free.get(attrs["stream"], 0.0)] + [finish[p] for p in graph.predecessors(node)])
+        finish[node] = start + attrs["duration"]
+        free[attrs["stream"]] = finish[node]
+    return max(finish.values(), default=0.0)
+
+
+def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> SimulatedMicroStep:
+    """Simulate the last micro-step of a step (the one whose backward reduces, for every stage >= 1)."""
+    fwd, bwd, rec, _ = _compute(job, cfg, eff)
+    m, z = job.model, cfg.zero
+    n_dp = job.cluster.world_size // cfg.mp_size
+    bandwidth, latency = _link(job, eff)
+    num_layers = m.num_layers
+    layer_params = m.num_layer_params / cfg.mp_size
+    outer_params = (m.num_params / cfg.mp_size) - num_layers * layer_params
+    p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
+    comm = lambda kind, elems: collective_s(Collective(kind, elems * (p if kind == "all_gather" else g), 1,  # noqa: E731
+                                                       "backward", True), n_dp, bandwidth, latency)
+    graph = nx.DiGraph()
+    gather_prev = compute_prev = ""
+    prefetch_depth = max(1, int(z.stage3_prefetch_bucket_size_elems // max(layer_params, 1)))
+    layer_fwd, layer_bwd = fwd / num_layers, (bwd + rec) / num_layers
+    fwd_tasks: list[str] = []
+    for i in range(num_layers):  # forward
+        deps = [compute_prev]
+        if z.stage == 3:
+            # Prefetch keeps up to prefetch_depth blocks in flight ahead of the one computing.
+            window = fwd_tasks[i - prefetch_depth - 1] if i > prefetch_depth else ""
+            gather_prev = _add(graph, f"ag_f{i}", "comm", comm("all_gather", layer_params), [gather_prev, window])
+            deps.append(gather_prev)
+        compute_prev = _add(graph, f"f{i}", "compute", layer_fwd, deps)
+        fwd_tasks.append(compute_prev)
+    bucket_elems, reduce_prev, bwd_tasks = 0.0, "", []
+    for i in reversed(range(num_layers)):  # backward, gradients bucketed as blocks finish
+        deps = [compute_prev]
+        if z.stage == 3:
+            k = num_layers - 1 - i
+            window = bwd_tasks[k - prefetch_depth - 1] if k > prefetch_depth else ""
+            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", layer_params), [gather_prev, window])
+            deps.append(gather_prev)
+        compute_prev = _add(graph, f"b{i}", "compute", layer_bwd, deps)
+        bwd_tasks.append(compute_prev)
+        bucket_elems += layer_params
+        if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
+            reduce_prev = _add(graph, f"rs{i}", "comm", comm("reduce_scatter", bucket_elems),
+                               [compute_prev, reduce_prev])
+            bucket_elems = 0.0
+    if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
+        left = bucket_elems + outer_params
+        _add(graph, "rs_last", "comm", comm("reduce_scatter", left), [compute_prev, reduce_prev])
+    compute_s = fwd + bwd + rec
+    comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s
+    return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)

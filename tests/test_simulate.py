@@ -1,0 +1,45 @@
+"""The one-step simulation (networkx, two streams) against the closed form the ranking uses."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from predictor import DSConfig, ZeroConfig
+from predictor.simulate import simulate_micro_step
+from predictor.step_time import last_micro_step_exposed
+from tests.conftest import make_job
+
+JOBS = [("gpt2", "a100-80gb", 1, 8), ("gpt2-large", "v100-32gb", 1, 16), ("bert-large", "v100-16gb", 2, 8),
+        ("gpt2-xl", "a100-80gb", 2, 8), ("llama-2-7b", "a100-80gb", 4, 8)]
+CONFIGS = [DSConfig(train_micro_batch_size_per_gpu=4, precision="fp16",
+                    zero=ZeroConfig(stage=stage, overlap_comm=overlap, reduce_bucket_size_elems=bucket))
+           for stage in (1, 2, 3) for overlap in (True, False) for bucket in (5 * 10**7, 5 * 10**8)]
+
+
+def test_closed_form_agrees_with_simulation_on_the_test_set() -> None:
+    # Tolerance: |closed - simulated| exposed communication within 15% of the simulated micro-step for
+    # every case, and within 5% at the median. Measured when written: worst 13.1% (llama-2-7b, ZeRO-3
+    # without overlap_comm, where the simulation lets the final reduce run alone), median 1.4%.
+    errors = []
+    for model, hw, nodes, gpus in JOBS:
+        job = make_job(model, hw, nodes, gpus, 512)
+        for cfg in CONFIGS:
+            sim = simulate_micro_step(job, cfg)
+            errors.append(abs(last_micro_step_exposed(job, cfg) - sim.exposed_comm_s) / sim.makespan_s)
+    assert max(errors) <= 0.15
+    assert statistics.median(errors) <= 0.05
+
+
+def test_nothing_is_exposed_on_one_gpu() -> None:
+    job = make_job("gpt2", num_gpus=1)
+    sim = simulate_micro_step(job, DSConfig(precision="fp16", zero=ZeroConfig(stage=2, overlap_comm=True)))
+    assert sim.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_without_overlap_the_whole_reduction_is_exposed() -> None:
+    job = make_job("gpt2-xl", "a100-80gb", 2, 8)
+    sim = simulate_micro_step(job, DSConfig(precision="fp16", zero=ZeroConfig(stage=2, overlap_comm=False)))
+    assert sim.exposed_comm_s == pytest.approx(sim.comm_s, rel=1e-9)
+    assert sim.comm_s > 0
