@@ -229,18 +229,19 @@ def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
 
 def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
          auto: int | None = None) -> int | None:
+    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral."""
+    name = f"{path}.{key}" if path else key
     value = sec.get(key, default)
     if value == AUTO:
         return auto if auto is not None else default
     if isinstance(value, list):
-        raise _list_error(f"{path}.{key}".lstrip("."))
+        raise _list_error(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ValueError(f"ds_config {path}.{key} must be an integer, got {value!r}".replace("config .", "config "))
+        raise ValueError(f"ds_config {name} must be an integer, got {value!r}")
     if value < minimum:
-        raise ValueError(f"ds_config {path}.{key} must be at least {minimum}, got {value!r}"
-                         .replace("config .", "config "))
+        raise ValueError(f"ds_config {name} must be at least {minimum}, got {value!r}")
     return int(value)
 
 
