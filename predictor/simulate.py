@@ -18,7 +18,7 @@ import networkx as nx
 from predictor.dsconfig import DSConfig
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES
-from predictor.step_time import Collective, _compute, _link, collective_s
+from predictor.step_time import Collective, collective_s, compute_times, data_parallel_link
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step"]
 
@@ -54,10 +54,10 @@ def _schedule(graph: nx.DiGraph) -> float:
 
 def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> SimulatedMicroStep:
     """Simulate the last micro-step of a step (the one whose backward reduces, for every stage >= 1)."""
-    fwd, bwd, rec, _ = _compute(job, cfg, eff)
+    fwd, bwd, rec, _ = compute_times(job, cfg, eff)
     m, z = job.model, cfg.zero
     n_dp = job.cluster.world_size // cfg.mp_size
-    bandwidth, latency = _link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff)
     num_layers = m.num_layers
     layer_params = m.num_layer_params / cfg.mp_size
     outer_params = (m.num_params / cfg.mp_size) - num_layers * layer_params

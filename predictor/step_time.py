@@ -22,7 +22,8 @@ from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "collective_s", "data_parallel_collectives",
-           "compute_efficiency", "last_micro_step_exposed", "TIME_TERMS"]
+           "compute_efficiency", "compute_times", "data_parallel_link", "last_micro_step_exposed",
+           "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "exposed_comm", "tensor_parallel_comm", "optimizer_step",
               "offload")
@@ -60,7 +61,7 @@ def compute_efficiency(size: float, eff: Efficiency) -> float:
     return eff.compute_efficiency_max * size / (size + eff.compute_half_size)
 
 
-def _link(job: Job, eff: Efficiency) -> tuple[float, float]:
+def data_parallel_link(job: Job, eff: Efficiency) -> tuple[float, float]:
     """(bandwidth B/s, latency s) of the slowest link a data-parallel ring crosses."""
     hw = job.cluster.hardware
     if job.cluster.num_nodes > 1:
@@ -91,7 +92,7 @@ def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
     return [reduce, Collective("all_gather", 2 * psi * p, 2 * fetch, "forward_backward", True)]
 
 
-def _compute(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float, float, float]:
+def compute_times(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float, float, float]:
     """(forward, backward, recompute seconds per micro-step, model FLOPs per micro-step) per GPU."""
     m, b, s = job.model, cfg.train_micro_batch_size_per_gpu, job.seq_len
     flops = micro_batch_flops(m, b, s, cfg.activation_checkpointing.enabled)
@@ -120,7 +121,7 @@ def _windowed(comms: list[tuple[float, int]], window_s: float, overlap: bool, ef
 def last_micro_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> float:
     """Exposed data-parallel communication inside the last micro-step (the one every stage >= 1 reduces in);
     what simulate.simulate_micro_step checks."""
-    fwd, bwd, rec, _ = _compute(job, cfg, eff)
+    fwd, bwd, rec, _ = compute_times(job, cfg, eff)
     return _in_step_exposed(job, cfg, eff, fwd, bwd + rec)[0]
 
 
@@ -130,7 +131,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: 
     Stage 3 gathers parameters beside forward (prefetch needs no overlap_comm) and again beside backward,
     where the gradient reduce-scatter shares the link; each window hides only its own collectives."""
     n_dp = job.cluster.world_size // cfg.mp_size
-    bandwidth, latency = _link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff)
     overlap = cfg.zero.overlap_comm
     timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
     in_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward"]
@@ -148,7 +149,7 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float,
                            rec: float) -> tuple[float, float]:
     """(exposed, total) seconds of data-parallel communication per optimizer step."""
     n_dp = job.cluster.world_size // cfg.mp_size
-    bandwidth, latency = _link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff)
     gas = cfg.gradient_accumulation_steps
     last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
     exposed, total = last + (gas - 1) * other, 0.0
@@ -196,7 +197,7 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[
 
 def estimate_time(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> TimeEstimate:
     """Seconds per optimizer step for one configuration, with its breakdown."""
-    fwd, bwd, rec, model_flops = _compute(job, cfg, eff)
+    fwd, bwd, rec, model_flops = compute_times(job, cfg, eff)
     exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec)
     optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff)
     gas = cfg.gradient_accumulation_steps
