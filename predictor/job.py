@@ -43,6 +43,10 @@ class Efficiency:
     intra_node_bandwidth_efficiency: float = 0.75
     """Achieved bus bandwidth / link peak within a node (nccl-tests busbw on NVLink is ~75-80% of peak)."""
     inter_node_bandwidth_efficiency: float = 0.8
+    intra_node_latency_s: float | None = None
+    """Per-ring-step latency of a collective within a node; None takes the hardware catalog's figure."""
+    inter_node_latency_s: float | None = None
+    """The same across nodes; None takes the hardware catalog's figure."""
     overlap_efficiency: float = 0.9
     """Share of backward compute that overlap_comm can hide communication behind."""
     optimizer_bytes_per_param: float = 30.0

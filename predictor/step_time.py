@@ -22,7 +22,7 @@ from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "collective_s", "data_parallel_collectives",
-           "compute_efficiency", "compute_times", "data_parallel_link", "last_micro_step_exposed",
+           "compute_efficiency", "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "exposed_comm", "tensor_parallel_comm", "optimizer_step",
@@ -65,8 +65,16 @@ def data_parallel_link(job: Job, eff: Efficiency) -> tuple[float, float]:
     """(bandwidth B/s, latency s) of the slowest link a data-parallel ring crosses."""
     hw = job.cluster.hardware
     if job.cluster.num_nodes > 1:
-        return hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency, hw.inter_node_latency_s
-    return hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency, hw.intra_node_latency_s
+        latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
+        return hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency, latency
+    return intra_node_link(job, eff)
+
+
+def intra_node_link(job: Job, eff: Efficiency) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of a ring within one node (tensor parallelism, single-node jobs)."""
+    hw = job.cluster.hardware
+    latency = hw.intra_node_latency_s if eff.intra_node_latency_s is None else eff.intra_node_latency_s
+    return hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency, latency
 
 
 def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float) -> float:
@@ -167,11 +175,10 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
     tp = cfg.mp_size
     if tp == 1:
         return 0.0
-    hw, m = job.cluster.hardware, job.model
+    m = job.model
     size = cfg.train_micro_batch_size_per_gpu * job.seq_len * m.hidden_size * DTYPE_BYTES[cfg.precision]
     per_call = collective_s(Collective("all_reduce", size, 1, "forward_backward", True), tp,
-                            hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency,
-                            hw.intra_node_latency_s)
+                            *intra_node_link(job, eff))
     calls = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
     return cfg.gradient_accumulation_steps * m.num_layers * calls * per_call
 
