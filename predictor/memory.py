@@ -12,13 +12,18 @@ parameter in mixed precision, partitioned over data-parallel ranks by stage.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
 
 from predictor.activations import (checkpoint_bytes_per_layer, embedding_activation_bytes, layer_activation_bytes,
                                    logits_bytes)
 from predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
 from predictor.job import Efficiency, Job
+from predictor.model import ModelSpec
 
-__all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "model_states", "state_bytes", "TERMS", "PHASES",
+__all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "memory_columns", "model_states", "state_bytes", "TERMS", "PHASES",
            "DTYPE_BYTES", "STAGE0_ALLREDUCE_BUCKET_ELEMS"]
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -87,8 +92,12 @@ def _check(job: Job, cfg: DSConfig) -> None:
 
 def _persistent_elems(job: Job, cfg: DSConfig) -> int:
     """ZeRO-3 keeps tensors at or below stage3_param_persistence_threshold whole on every rank."""
-    threshold = cfg.zero.stage3_param_persistence_threshold_elems
-    return sum(t.num_elems for t in job.model.tensors() if t.num_elems <= threshold)
+    return _small_tensor_elems(job.model, cfg.zero.stage3_param_persistence_threshold_elems)
+
+
+@lru_cache(maxsize=256)
+def _small_tensor_elems(model: ModelSpec, threshold: int) -> int:
+    return sum(t.num_elems for t in model.tensors() if t.num_elems <= threshold)
 
 
 def model_states(job: Job, cfg: DSConfig) -> ModelStates:
@@ -190,8 +199,8 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     return elems * g * copies, 0.0
 
 
-def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> MemoryEstimate:
-    """Peak bytes per device for one configuration, with the breakdown at the peak phase."""
+def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], ModelStates]:
+    """The live terms of each phase (before allocator slack and runtime reserve), and the model states."""
     _check(job, cfg)
     states = model_states(job, cfg)
     acts, logits = _activations(job, cfg)
@@ -205,21 +214,52 @@ def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> 
         "gradient_reduction": {**base, "comm_buckets": after_bwd},
         "optimizer_step": {**base, "master_gradients": states.master_gradients},
     }
-    peak_phase = max(PHASES, key=lambda name: sum(phases[name].values()))
+    return phases, states
+
+
+def _reserved_bytes(job: Job, eff: Efficiency) -> float:
     hw = job.cluster.hardware
-    reserved = hw.runtime_reserved_bytes if eff.runtime_reserved_bytes is None else eff.runtime_reserved_bytes
+    return hw.runtime_reserved_bytes if eff.runtime_reserved_bytes is None else eff.runtime_reserved_bytes
+
+
+def _host_checkpoint_bytes(job: Job, cfg: DSConfig, micro_batch: Any) -> Any:
+    """cpu_checkpointing moves every block's checkpoint to host memory."""
+    ckpt = cfg.activation_checkpointing
+    if not (ckpt.cpu_checkpointing and ckpt.enabled):
+        return 0.0
+    return micro_batch * job.model.num_layers * checkpoint_bytes_per_layer(job.model, 1, job.seq_len,
+                                                                           DTYPE_BYTES[cfg.precision])
+
+
+def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> MemoryEstimate:
+    """Peak bytes per device for one configuration, with the breakdown at the peak phase."""
+    phases, states = _phases(job, cfg)
+    peak_phase = max(PHASES, key=lambda name: sum(phases[name].values()))
+    reserved = _reserved_bytes(job, eff)
     totals = {name: sum(terms.values()) * (1 + eff.allocator_slack_fraction) + reserved
               for name, terms in phases.items()}
     breakdown = {term: 0.0 for term in TERMS}
     breakdown.update(phases[peak_phase])
     breakdown["runtime_reserved"] = reserved
     breakdown["allocator_slack"] = sum(phases[peak_phase].values()) * eff.allocator_slack_fraction
-    host = states.host_bytes
-    if cfg.activation_checkpointing.cpu_checkpointing and cfg.activation_checkpointing.enabled:
-        host += job.model.num_layers * checkpoint_bytes_per_layer(
-            job.model, cfg.train_micro_batch_size_per_gpu, job.seq_len, DTYPE_BYTES[cfg.precision])
+    host = states.host_bytes + _host_checkpoint_bytes(job, cfg, cfg.train_micro_batch_size_per_gpu)
     per_node = job.cluster.num_gpus_per_node
+    hw = job.cluster.hardware
     return MemoryEstimate(breakdown_bytes=breakdown, peak_phase=peak_phase, phase_totals_bytes=totals,
                           capacity_bytes=hw.memory_bytes, host_bytes_per_node=host * per_node,
                           host_capacity_bytes_per_node=hw.host_memory_bytes,
                           nvme_bytes_per_node=states.nvme_bytes * per_node)
+
+
+def memory_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(peak device bytes, host bytes per node) of `cfg` at each micro-batch size in an array: the terms of
+    estimate_memory, with activations and logits scaled from one sample (both are linear in the micro-batch)."""
+    phases, states = _phases(job, cfg.replace(train_micro_batch_size_per_gpu=1))
+    forward_backward = phases["forward_backward"]
+    per_sample = forward_backward["activations"] + forward_backward["logits"]
+    fixed = sum(forward_backward.values()) - per_sample
+    others = max(sum(phases[name].values()) for name in PHASES if name != "forward_backward")
+    live = np.maximum(fixed + micro_batch * per_sample, others)
+    total = live * (1 + eff.allocator_slack_fraction) + _reserved_bytes(job, eff)
+    host = (states.host_bytes + _host_checkpoint_bytes(job, cfg, micro_batch)) * job.cluster.num_gpus_per_node
+    return total, host + 0 * micro_batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 __all__ = ["ModelSpec", "Tensor", "PositionEmbedding", "Norm", "Head"]
@@ -155,11 +156,11 @@ class ModelSpec:
             t += self.layer_tensors(layer)
         return t + self.head_tensors()
 
-    @property
+    @cached_property
     def num_params(self) -> int:
         return sum(t.num_elems for t in self.tensors())
 
-    @property
+    @cached_property
     def num_layer_params(self) -> int:
         """Parameters of one transformer block."""
         return sum(t.num_elems for t in self.layer_tensors(0))

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Union
+
+import numpy as np
 
 from predictor.dsconfig import DSConfig
 from predictor.flops import micro_batch_flops
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
 
-__all__ = ["TimeEstimate", "Collective", "estimate_time", "collective_s", "data_parallel_collectives",
+__all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_efficiency", "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "exposed_comm", "tensor_parallel_comm", "optimizer_step",
               "offload")
+Batch = Union[int, float, np.ndarray]
+"""A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Phase = Literal["backward", "forward_backward", "after_step", "after_backward"]
 
@@ -92,34 +96,41 @@ def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
     buckets = lambda elems: max(1, math.ceil(psi / max(elems, 1)))  # noqa: E731
     if z.stage == 0:
         return [Collective("all_reduce", psi * g, buckets(STAGE0_ALLREDUCE_BUCKET_ELEMS), "after_backward", False)]
-    gather = Collective("all_gather", psi * p, buckets(z.allgather_bucket_size_elems), "after_step", False)
-    reduce = Collective("reduce_scatter", psi * g, buckets(z.reduce_bucket_size_elems), "backward", z.stage >= 2)
     if z.stage < 3:
-        return [reduce, gather]
+        # Stages 1-2 without reduce_scatter average each bucket with a full all-reduce (stage_1_and_2.py
+        # average_tensor). The updated partitions come back in one all_gather_into_tensor wherever the backend
+        # has it (runtime/utils.py all_gather_dp_groups), so allgather_bucket_size changes nothing there.
+        reduce_kind: CollectiveKind = "reduce_scatter" if z.reduce_scatter else "all_reduce"
+        return [Collective(reduce_kind, psi * g, buckets(z.reduce_bucket_size_elems), "backward", z.stage == 2),
+                Collective("all_gather", psi * p, 1, "after_step", False)]
     fetch = buckets(z.stage3_prefetch_bucket_size_elems)
-    return [reduce, Collective("all_gather", 2 * psi * p, 2 * fetch, "forward_backward", True)]
+    return [Collective("reduce_scatter", psi * g, buckets(z.reduce_bucket_size_elems), "backward", True),
+            Collective("all_gather", 2 * psi * p, 2 * fetch, "forward_backward", True)]
 
 
-def compute_times(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float, float, float]:
-    """(forward, backward, recompute seconds per micro-step, model FLOPs per micro-step) per GPU."""
-    m, b, s = job.model, cfg.train_micro_batch_size_per_gpu, job.seq_len
-    flops = micro_batch_flops(m, b, s, cfg.activation_checkpointing.enabled)
-    rate = job.cluster.hardware.peak_flops[cfg.precision] * compute_efficiency(b * s * m.hidden_size / cfg.mp_size,
-                                                                              eff)
-    tp = cfg.mp_size
-    return (flops.forward_flops / tp / rate, flops.backward_flops / tp / rate, flops.recompute_flops / tp / rate,
-            flops.model_flops / tp)
+def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch | None = None
+                  ) -> tuple[Batch, Batch, Batch, Batch]:
+    """(forward, backward, recompute seconds per micro-step, model FLOPs per micro-step) per GPU.
+
+    FLOPs are linear in the micro-batch (every term of flops.py has a factor b), so one sample's FLOPs
+    times b serve a single configuration and an array of micro-batch sizes alike."""
+    m, s, tp = job.model, job.seq_len, cfg.mp_size
+    b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
+    one = micro_batch_flops(m, 1, s, cfg.activation_checkpointing.enabled)
+    rate = job.cluster.hardware.peak_flops[cfg.precision] * compute_efficiency(b * s * m.hidden_size / tp, eff)
+    return (b * one.forward_flops / tp / rate, b * one.backward_flops / tp / rate,
+            b * one.recompute_flops / tp / rate, b * one.model_flops / tp)
 
 
-def _exposed(comm_s: float, window_s: float, last_bucket_s: float, overlap: bool, eff: Efficiency) -> float:
+def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:
     """Closed form: with overlap_comm, communication hides behind the compute window it runs beside,
     except the last bucket, which starts only when the window ends."""
     if not overlap:
-        return comm_s
-    return max(comm_s - eff.overlap_efficiency * window_s, min(comm_s, last_bucket_s))
+        return comm_s + 0 * window_s
+    return np.maximum(comm_s - eff.overlap_efficiency * window_s, min(comm_s, last_bucket_s))
 
 
-def _windowed(comms: list[tuple[float, int]], window_s: float, overlap: bool, eff: Efficiency) -> float:
+def _windowed(comms: list[tuple[float, int]], window_s: Batch, overlap: bool, eff: Efficiency) -> Batch:
     """Exposed seconds of collectives (time, buckets) that run beside one compute window."""
     total = sum(t for t, _ in comms)
     last = max((t / n for t, n in comms), default=0.0)
@@ -130,10 +141,10 @@ def last_micro_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency = Efficienc
     """Exposed data-parallel communication inside the last micro-step (the one every stage >= 1 reduces in);
     what simulate.simulate_micro_step checks."""
     fwd, bwd, rec, _ = compute_times(job, cfg, eff)
-    return _in_step_exposed(job, cfg, eff, fwd, bwd + rec)[0]
+    return float(_in_step_exposed(job, cfg, eff, fwd, bwd + rec)[0])
 
 
-def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: float) -> tuple[float, float]:
+def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: Batch) -> tuple[Batch, Batch]:
     """(last micro-step, any other micro-step) exposed seconds of the collectives run inside a micro-step.
 
     Stage 3 gathers parameters beside forward (prefetch needs no overlap_comm) and again beside backward,
@@ -153,12 +164,11 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: 
     return exposed, exposed
 
 
-def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float, bwd: float,
-                           rec: float) -> tuple[float, float]:
+def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: Batch, rec: Batch,
+                           gas: Batch) -> tuple[Batch, Batch]:
     """(exposed, total) seconds of data-parallel communication per optimizer step."""
     n_dp = job.cluster.world_size // cfg.mp_size
     bandwidth, latency = data_parallel_link(job, eff)
-    gas = cfg.gradient_accumulation_steps
     last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
     exposed, total = last + (gas - 1) * other, 0.0
     for c in data_parallel_collectives(job, cfg):
@@ -169,21 +179,21 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: float,
     return exposed, total
 
 
-def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
+def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch) -> Batch:
     """Megatron's tensor parallelism all-reduces activations twice per block in forward and twice in
     backward (Shoeybi et al. 2019, fig. 4), and twice more when the block is recomputed."""
     tp = cfg.mp_size
     if tp == 1:
         return 0.0
     m = job.model
-    size = cfg.train_micro_batch_size_per_gpu * job.seq_len * m.hidden_size * DTYPE_BYTES[cfg.precision]
+    size = micro_batch * job.seq_len * m.hidden_size * DTYPE_BYTES[cfg.precision]
     per_call = collective_s(Collective("all_reduce", size, 1, "forward_backward", True), tp,
                             *intra_node_link(job, eff))
     calls = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
-    return cfg.gradient_accumulation_steps * m.num_layers * calls * per_call
+    return gas * m.num_layers * calls * per_call
 
 
-def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
+def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batch) -> tuple[float, Batch]:
     """(optimizer step on the device, offload time) per optimizer step."""
     z, hw = cfg.zero, job.cluster.hardware
     n_dp = job.cluster.world_size // cfg.mp_size
@@ -198,17 +208,27 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[
     host_adam = partition * job.cluster.num_gpus_per_node / eff.host_optimizer_params_per_s
     offload = transfers + host_adam
     if z.offload_param.device != "none":
-        offload += cfg.gradient_accumulation_steps * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
+        offload = offload + gas * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
     return 0.0, offload
+
+
+def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
+                      ) -> tuple[dict[str, Batch], Batch, Batch]:
+    """(breakdown per TIME_TERMS, all data-parallel communication, model FLOPs per GPU) per optimizer step of
+    `cfg` at the given micro-batch sizes and accumulation counts, which may be arrays of the same shape:
+    the one formula both a single prediction and the ranking of a whole space evaluate."""
+    fwd, bwd, rec, model_flops = compute_times(job, cfg, eff, micro_batch)
+    exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec, gas)
+    optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff, gas)
+    breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "exposed_comm": exposed,
+                 "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
+                 "optimizer_step": optimizer_s, "offload": offload_s}
+    return breakdown, comm_total, gas * model_flops
 
 
 def estimate_time(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> TimeEstimate:
     """Seconds per optimizer step for one configuration, with its breakdown."""
-    fwd, bwd, rec, model_flops = compute_times(job, cfg, eff)
-    exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec)
-    optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff)
-    gas = cfg.gradient_accumulation_steps
-    breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "exposed_comm": exposed,
-                 "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff), "optimizer_step": optimizer_s,
-                 "offload": offload_s}
-    return TimeEstimate(breakdown_s=breakdown, comm_total_s=comm_total, model_flops_per_gpu=gas * model_flops)
+    breakdown, comm_total, model_flops = step_time_columns(job, cfg, eff, cfg.train_micro_batch_size_per_gpu,
+                                                           cfg.gradient_accumulation_steps)
+    return TimeEstimate(breakdown_s={term: float(value) for term, value in breakdown.items()},
+                        comm_total_s=float(comm_total), model_flops_per_gpu=float(model_flops))

@@ -1,0 +1,147 @@
+"""Rank a whole tuning space by a metric, vectorised: every configuration's peak memory and step time at once.
+
+For each variant of the space (ZeRO section x checkpointing) the memory and time formulas are evaluated
+once over the array of (micro-batch, accumulation) pairs (memory.memory_columns, step_time.step_time_columns:
+the same code a single prediction runs), so ranking 10^5-10^6 configurations costs a few hundred numpy
+passes. Only the top entries are expanded into full Estimates with their breakdowns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from predictor.dsconfig import DSConfig
+from predictor.estimate import Estimate, estimate
+from predictor.job import Efficiency, Job
+from predictor.memory import memory_columns
+from predictor.space import SearchSpace
+from predictor.step_time import step_time_columns
+
+__all__ = ["Metric", "Uncertainty", "SpaceTable", "Ranked", "Ranking", "evaluate_space", "rank", "metric_value",
+           "MAXIMISED"]
+
+Metric = Literal["throughput", "latency", "flops"]
+MAXIMISED = {"throughput": True, "flops": True, "latency": False}
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """Relative error bands of predictions; a calibration profile replaces these with its out-of-sample errors."""
+
+    step_time_rel: float = 0.3
+    """Uncalibrated default: the analytical model against published end-to-end measurements is off by tens of
+    percent (see `python -m validate.accuracy`); predictions of one cluster err together, so the band is wide
+    for absolute figures and conservative for comparisons."""
+    memory_rel: float = 0.1
+    """Uncalibrated default: the memory model against DeepSpeed's own estimators and Korthikanti et al.'s
+    activation figures agrees within a few percent; allocator behaviour adds the rest."""
+
+
+@dataclass(frozen=True)
+class SpaceTable:
+    """Every configuration of a space: rows are variants, columns (micro-batch, accumulation) pairs."""
+
+    variants: tuple[DSConfig, ...]
+    micro_batch: np.ndarray
+    grad_accum: np.ndarray
+    memory_bytes: np.ndarray
+    host_bytes_per_node: np.ndarray
+    step_s: np.ndarray
+    model_flops_per_gpu: np.ndarray
+    samples_per_step: np.ndarray
+
+    def config(self, row: int, col: int) -> DSConfig:
+        return self.variants[row].replace(train_micro_batch_size_per_gpu=int(self.micro_batch[col]),
+                                          gradient_accumulation_steps=int(self.grad_accum[col]))
+
+    def fits(self, job: Job, headroom_bytes: float = 0.0) -> np.ndarray:
+        hw = job.cluster.hardware
+        return ((self.memory_bytes + headroom_bytes <= hw.memory_bytes)
+                & (self.host_bytes_per_node <= hw.host_memory_bytes))
+
+
+def metric_value(metric: Metric, samples_per_step: np.ndarray, step_s: np.ndarray,
+                 model_flops_per_gpu: np.ndarray) -> np.ndarray:
+    """DeepSpeed autotuner's metrics: throughput samples/s, latency ms per step, FLOPS per GPU."""
+    if metric == "throughput":
+        return samples_per_step / step_s
+    if metric == "latency":
+        return step_s * 1e3
+    if metric == "flops":
+        return model_flops_per_gpu / step_s
+    raise ValueError(f"unknown metric {metric!r}; use throughput, latency or flops")
+
+
+def evaluate_space(job: Job, space: SearchSpace, eff: Efficiency = Efficiency()) -> SpaceTable:
+    dp = job.cluster.world_size // (space.variants[0].mp_size if space.variants else 1)
+    mbs, gas = space.batch_grid(dp)
+    if not space.variants or not len(mbs):
+        raise ValueError("the tuning space is empty: no micro-batch / accumulation pair is within the batch "
+                         "limits; widen train_micro_batch_size_per_gpu or autotuning.max_train_batch_size")
+    shape = (len(space.variants), len(mbs))
+    memory, host, step, flops = (np.empty(shape) for _ in range(4))
+    mbs_f, gas_f = mbs.astype(float), gas.astype(float)
+    for row, variant in enumerate(space.variants):
+        memory[row], host[row] = memory_columns(job, variant, eff, mbs_f)
+        breakdown, _, flops[row] = step_time_columns(job, variant, eff, mbs_f, gas_f)
+        step[row] = sum(breakdown.values())
+    return SpaceTable(space.variants, mbs, gas, memory, host, step, flops, np.broadcast_to(mbs * gas * dp, shape))
+
+
+@dataclass(frozen=True)
+class Ranked:
+    estimate: Estimate
+    metric_value: float
+    metric_low: float
+    metric_high: float
+    """The band the prediction's uncertainty allows."""
+    close_to_best: bool
+    """Its band overlaps the best's: only a measurement can tell them apart."""
+    memory_at_risk: bool
+    """Predicted to fit, but not with the memory uncertainty added."""
+
+
+@dataclass(frozen=True)
+class Ranking:
+    metric: Metric
+    entries: tuple[Ranked, ...]
+    """The top configurations that fit, best first."""
+    num_configs: int
+    num_fit: int
+    least_memory: Estimate
+    """The configuration with the smallest predicted peak: what comes closest when nothing fits."""
+
+
+def _band(value: np.ndarray | float, metric: Metric, rel: float) -> tuple[float, float]:
+    if metric == "latency":
+        return float(value) * (1 - rel), float(value) * (1 + rel)
+    return float(value) / (1 + rel), float(value) / max(1 - rel, 1e-9)
+
+
+def rank(job: Job, space: SearchSpace, eff: Efficiency = Efficiency(), metric: Metric = "throughput",
+         top: int | None = 10, headroom_bytes: float = 0.0, uncertainty: Uncertainty = Uncertainty()) -> Ranking:
+    """The space's configurations that fit, ordered by the metric (maximised, or minimised for latency)."""
+    table = evaluate_space(job, space, eff)
+    value = metric_value(metric, table.samples_per_step, table.step_s, table.model_flops_per_gpu)
+    fits = table.fits(job, headroom_bytes).ravel()
+    candidates = np.flatnonzero(fits)
+    score = (-value if MAXIMISED[metric] else value).ravel()
+    if top is not None and top < len(candidates):
+        candidates = candidates[np.argpartition(score[candidates], top - 1)[:top]]
+    order = candidates[np.argsort(score[candidates], kind="stable")]
+    cols = table.micro_batch.shape[0]
+    least = int(np.argmin(table.memory_bytes))
+    entries, best_band = [], None
+    for index in order:
+        row, col = divmod(int(index), cols)
+        est = estimate(job, table.config(row, col), eff)
+        low, high = _band(value.ravel()[index], metric, uncertainty.step_time_rel)
+        best_band = best_band or (low, high)
+        close = high >= best_band[0] if MAXIMISED[metric] else low <= best_band[1]
+        at_risk = est.memory.total_bytes * (1 + uncertainty.memory_rel) > est.memory.capacity_bytes
+        entries.append(Ranked(est, float(value.ravel()[index]), low, high, close, at_risk))
+    return Ranking(metric, tuple(entries), int(fits.size), int(fits.sum()),
+                   estimate(job, table.config(*divmod(least, cols)), eff))

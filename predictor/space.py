@@ -1,0 +1,192 @@
+"""The tuning space: every configuration `predict --rank` and `tune` weigh, read the way DeepSpeed's autotuner
+reads a ds_config (deepspeed/autotuning/autotuner.py, constants.py, DeepSpeed 0.19):
+
+- a list value is the values to try; `zero_optimization.stage` may be a list or "all";
+  `train_micro_batch_size_per_gpu` a list (otherwise every size from the autotuning section's
+  min_/max_train_micro_batch_size_per_gpu, 1 to 1024 by default, is weighed and the memory model prunes);
+- each stage starts from DeepSpeed's default tuning space for it, and the user's own zero_optimization
+  values replace the defaults key by key (a scalar pins a knob, a list replaces its values);
+- `autotuning.max_train_batch_size` fixes the batch per GPU and derives gradient accumulation per
+  micro-batch size (gas = batch per GPU // micro-batch), as DeepSpeed does; a fixed train_batch_size keeps
+  the global batch exactly; otherwise gradient_accumulation_steps (an int, or a list: zerotune's extension)
+  is used as given.
+
+Departures, each because prediction costs nothing where DeepSpeed pays an experiment:
+- `fast` defaults to false here (DeepSpeed: true): the bucket and overlap knobs are weighed unless the user
+  sets `"fast": true`, which then leaves them at the user's values or DeepSpeed's runtime defaults
+  (not the autotuner's templates, which silently switch contiguous_gradients off);
+- a missing `zero_optimization.stage` means every stage (DeepSpeed: stage 0 only);
+- stage 3 is tuned on the knobs stage 3 reads (prefetch bucket, persistence threshold) instead of
+  allgather_bucket_size / allgather_partitions / reduce_scatter, which only stages 1-2 use, and
+  allgather_bucket_size is not tuned at all (DeepSpeed 0.19 gathers in one all_gather_into_tensor);
+- optimizer and parameter offload to the CPU, and activation checkpointing, are weighed too unless the user
+  set them (their choice is kept) or `explore` leaves them out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
+
+__all__ = ["SearchSpace", "space_from_ds_config", "DEFAULT_STAGE_KNOBS", "EXPLORABLE"]
+
+_BUCKETS = (500_000_000, 50_000_000, 1_000_000_000)
+# DeepSpeed's DEFAULT_TUNING_SPACE_ZERO_1/2 (autotuning/constants.py) less allgather_bucket_size, which
+# DeepSpeed 0.19 ignores wherever the backend has all_gather_into_tensor (NCCL, gloo, HCCL): its 3 values
+# would only repeat each experiment. DeepSpeed's runtime default is listed first so that among predictions
+# that tie, the ranking keeps the setting a user would get without tuning.
+DEFAULT_STAGE_KNOBS: dict[int, dict[str, tuple[Any, ...]]] = {
+    0: {},
+    1: {"reduce_bucket_size": _BUCKETS},
+    2: {"overlap_comm": (False, True), "reduce_scatter": (True, False), "reduce_bucket_size": _BUCKETS,
+        "contiguous_gradients": (True, False)},
+    3: {"overlap_comm": (True, False), "reduce_bucket_size": _BUCKETS, "contiguous_gradients": (True, False),
+        "stage3_prefetch_bucket_size": (50_000_000, 500_000_000),
+        "stage3_param_persistence_threshold": (100_000, 1_000_000)},
+}
+EXPLORABLE = ("offload", "checkpointing")
+_STAGE3_ONLY = ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+                 "stage3_max_reuse_distance", "sub_group_size")
+_IGNORED_BY_STAGE = {0: ("overlap_comm", "reduce_scatter", "reduce_bucket_size", "allgather_bucket_size",
+                         "contiguous_gradients", "allgather_partitions") + _STAGE3_ONLY,
+                     1: _STAGE3_ONLY, 2: _STAGE3_ONLY,
+                     3: ("allgather_bucket_size", "allgather_partitions", "reduce_scatter")}
+_STAGE3_ALIASES = {"prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                   "param_persistence_threshold": "stage3_param_persistence_threshold",
+                   "max_live_parameters": "stage3_max_live_parameters",
+                   "max_reuse_distance": "stage3_max_reuse_distance"}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    variants: tuple[DSConfig, ...]
+    """Every ZeRO section x checkpointing choice, at micro-batch 1 and one accumulation step."""
+    micro_batches: tuple[int, ...]
+    grad_accums: tuple[int, ...]
+    """Accumulation counts to try, when the batch per GPU is not fixed."""
+    max_train_batch_size: int | None
+    min_train_batch_size: int = 1
+
+    def batch_grid(self, dp_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(micro-batch, accumulation) pairs as two int arrays, within the global batch limits."""
+        mbs = np.array(self.micro_batches, dtype=np.int64)
+        if self.max_train_batch_size is not None and self.grad_accums == ():
+            per_gpu = self.max_train_batch_size // dp_size
+            mbs = mbs[mbs <= per_gpu]
+            gas = per_gpu // np.maximum(mbs, 1)
+        else:
+            mbs, gas = (a.ravel() for a in np.meshgrid(mbs, np.array(self.grad_accums, dtype=np.int64)))
+        batch = mbs * gas * dp_size
+        keep = batch >= self.min_train_batch_size
+        if self.max_train_batch_size is not None:
+            keep &= batch <= self.max_train_batch_size
+        return mbs[keep], gas[keep]
+
+    def num_configs(self, dp_size: int) -> int:
+        return len(self.variants) * len(self.batch_grid(dp_size)[0])
+
+
+def _values(doc: dict[str, Any], key: str, path: str) -> list[Any] | None:
+    """A key's values to try: a list as given, a scalar as a one-item list, None when absent or "auto"."""
+    value = doc.get(key)
+    if value is None or value == "auto":
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ValueError(f"ds_config {path} is an empty list; give at least one value or remove it")
+    return values
+
+
+def _stages(zero: dict[str, Any]) -> list[int]:
+    values = _values(zero, "stage", "zero_optimization.stage") or ["all"]
+    if "all" in values:
+        return [0, 1, 2, 3]
+    for value in values:
+        if isinstance(value, bool) or value not in (0, 1, 2, 3):
+            raise ValueError(f"ds_config zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2, 3, "
+                             f"a list of them or \"all\"")
+    return sorted(set(values))
+
+
+def _positive_ints(values: list[Any], path: str) -> tuple[int, ...]:
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+            raise ValueError(f"ds_config {path}: {value!r} is not a positive integer; list positive integers")
+    return tuple(sorted({int(v) for v in values}))
+
+
+def _zero_sections(zero: dict[str, Any], stage: int, fast: bool, explore: Iterable[str]) -> list[dict[str, Any]]:
+    """Every zero_optimization section to try for one stage: the defaults' lists, replaced by the user's values."""
+    user = {_STAGE3_ALIASES.get(k, k): v for k, v in zero.items() if k != "stage"}
+    knobs: dict[str, list[Any]] = {} if fast else {k: list(v) for k, v in DEFAULT_STAGE_KNOBS[stage].items()}
+    for key, value in user.items():
+        knobs[key] = value if isinstance(value, list) else [value]
+    if "offload" in explore and stage >= 1:
+        knobs.setdefault("offload_optimizer", [{"device": "none"}, {"device": "cpu"}])
+        if stage == 3:
+            knobs.setdefault("offload_param", [{"device": "none"}, {"device": "cpu"}])
+    for key in _IGNORED_BY_STAGE[stage]:
+        if key in knobs:  # a knob this stage never reads: one value, not one variant per value
+            knobs[key] = knobs[key][:1]
+    if stage < 3:
+        knobs.pop("offload_param", None)
+    if stage == 0:
+        knobs.pop("offload_optimizer", None)
+    keys = list(knobs)
+    return [{"stage": stage, **dict(zip(keys, combo))} for combo in itertools.product(*knobs.values())]
+
+
+def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: int | None = None,
+                         explore: Iterable[str] = EXPLORABLE) -> SearchSpace:
+    """The space a ds_config describes (see the module docstring for how it is read)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"ds_config must be a JSON object, got {type(doc).__name__}")
+    explore = tuple(explore)
+    for item in explore:
+        if item not in EXPLORABLE:
+            raise ValueError(f"unknown exploration {item!r}; use any of {', '.join(EXPLORABLE)} or none")
+    zero = doc.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        raise ValueError("ds_config zero_optimization must be an object")
+    autotuning = doc.get("autotuning") or {}
+    fast = autotuning.get("fast") is True
+    scalar = {k: v for k, v in doc.items() if k not in ("zero_optimization", "train_batch_size",
+                                                       "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    base = parse_ds_config(scalar, world_size=world_size, hidden_size=hidden_size)
+    dp = world_size // base.mp_size
+    checkpointing = [ActivationCheckpointing(enabled=False), ActivationCheckpointing(enabled=True)]
+    if "activation_checkpointing" in doc:
+        checkpointing = [base.activation_checkpointing]
+    elif "checkpointing" not in explore:
+        checkpointing = checkpointing[:1]
+    variants: dict[tuple[Any, ...], DSConfig] = {}
+    for stage in _stages(zero):
+        for section in _zero_sections(zero, stage, fast, explore):
+            cfg = parse_ds_config({**scalar, "zero_optimization": section}, world_size=world_size,
+                                  hidden_size=hidden_size)
+            for ckpt in checkpointing:
+                variants.setdefault((cfg.zero, ckpt), cfg.replace(activation_checkpointing=ckpt))
+    at = base.autotuning
+    micro = _values(doc, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
+    micro_batches = (_positive_ints(micro, "train_micro_batch_size_per_gpu") if isinstance(
+        doc.get("train_micro_batch_size_per_gpu"), list) else
+        tuple(range(at.min_train_micro_batch_size_per_gpu, at.max_train_micro_batch_size_per_gpu + 1)))
+    return SearchSpace(tuple(variants.values()), micro_batches, *_batch_limits(doc, at.max_train_batch_size,
+                                                                     at.min_train_batch_size, dp))
+
+
+def _batch_limits(doc: dict[str, Any], max_train: int | None, min_train: int,
+                  dp: int) -> tuple[tuple[int, ...], int | None, int]:
+    """(accumulation counts, max and min global batch): a fixed train_batch_size pins the global batch."""
+    train = doc.get("train_batch_size")
+    if isinstance(train, int) and not isinstance(train, bool) and train > 0:
+        return (), train, train
+    if max_train:
+        return (), int(max_train), min_train
+    gas = _values(doc, "gradient_accumulation_steps", "gradient_accumulation_steps") or [1]
+    return _positive_ints(gas, "gradient_accumulation_steps"), None, min_train
