@@ -186,9 +186,32 @@ def optimizer_state_bytes_per_param(cfg: DSConfig) -> int:
     return _STATE_BYTES.get(cfg.optimizer, 8)
 
 
+def _short(value: int) -> str:
+    return f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
 def experiment_name(cfg: DSConfig) -> str:
-    """DeepSpeed autotuner's experiment name, e.g. z1_gas1_tmbspg3 (autotuning/autotuner.py)."""
-    return f"z{cfg.zero.stage}_gas{cfg.gradient_accumulation_steps}_tmbspg{cfg.train_micro_batch_size_per_gpu}"
+    """An experiment name in the style of DeepSpeed's autotuner (z1_gas1_tmbspg3, autotuning/utils.py
+    canonical_name): the stage, then acronyms of the knobs that differ from DeepSpeed's defaults, then
+    accumulation and micro-batch, so that two configurations of one space never share a name."""
+    z, default = cfg.zero, ZeroConfig(stage=cfg.zero.stage, overlap_comm=cfg.zero.stage == 3)
+    parts = [f"z{z.stage}"]
+    if z.offload_optimizer.device != "none":
+        parts.append(f"oo{z.offload_optimizer.device}")
+    if z.offload_param.device != "none":
+        parts.append(f"op{z.offload_param.device}")
+    if cfg.activation_checkpointing.enabled:
+        parts.append("ac")
+    flags = (("oc", "overlap_comm"), ("rs", "reduce_scatter"), ("cg", "contiguous_gradients"),
+             ("ap", "allgather_partitions"))
+    parts += [f"{short}{'T' if getattr(z, name) else 'F'}" for short, name in flags
+              if getattr(z, name) != getattr(default, name)]
+    sizes = (("rbs", "reduce_bucket_size_elems"), ("agbs", "allgather_bucket_size_elems"),
+             ("pbs", "stage3_prefetch_bucket_size_elems"), ("ppt", "stage3_param_persistence_threshold_elems"),
+             ("mlp", "stage3_max_live_parameters_elems"))
+    parts += [f"{short}{_short(getattr(z, name))}" for short, name in sizes
+              if getattr(z, name) != getattr(default, name)]
+    return "_".join(parts + [f"gas{cfg.gradient_accumulation_steps}", f"tmbspg{cfg.train_micro_batch_size_per_gpu}"])
 
 
 # -- reading a ds_config dict ----------------------------------------------------------------------------

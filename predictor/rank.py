@@ -102,6 +102,9 @@ class Ranked:
     """Its band overlaps the best's: only a measurement can tell them apart."""
     memory_at_risk: bool
     """Predicted to fit, but not with the memory uncertainty added."""
+    num_equivalent: int = 0
+    """Other configurations of the space with the same predicted speed and memory (knobs the model does not
+    tell apart); this entry stands for them."""
 
 
 @dataclass(frozen=True)
@@ -129,19 +132,32 @@ def rank(job: Job, space: SearchSpace, eff: Efficiency = Efficiency(), metric: M
     fits = table.fits(job, headroom_bytes).ravel()
     candidates = np.flatnonzero(fits)
     score = (-value if MAXIMISED[metric] else value).ravel()
-    if top is not None and top < len(candidates):
-        candidates = candidates[np.argpartition(score[candidates], top - 1)[:top]]
-    order = candidates[np.argsort(score[candidates], kind="stable")]
+    # Equal speed: less memory first; equal in both: one entry standing for its equivalents (knobs the model
+    # sees no difference in), the first in space order, where DeepSpeed's defaults come first.
+    memory = table.memory_bytes.ravel()
+    order = candidates[np.lexsort((memory[candidates], score[candidates]))]
     cols = table.micro_batch.shape[0]
     least = int(np.argmin(table.memory_bytes))
-    entries, best_band = [], None
+    kept: list[int] = []
+    equivalents: dict[tuple[float, float], int] = {}
     for index in order:
-        row, col = divmod(int(index), cols)
+        key = (float(score[index]), float(memory[index]))
+        if key in equivalents:
+            equivalents[key] += 1
+        elif top is None or len(kept) < top:
+            equivalents[key] = 0
+            kept.append(int(index))
+        elif key[0] > float(score[kept[-1]]):
+            break
+    entries, best_band = [], None
+    for index in kept:
+        row, col = divmod(index, cols)
         est = estimate(job, table.config(row, col), eff)
         low, high = _band(value.ravel()[index], metric, uncertainty.step_time_rel)
         best_band = best_band or (low, high)
         close = high >= best_band[0] if MAXIMISED[metric] else low <= best_band[1]
         at_risk = est.memory.total_bytes * (1 + uncertainty.memory_rel) > est.memory.capacity_bytes
-        entries.append(Ranked(est, float(value.ravel()[index]), low, high, close, at_risk))
+        entries.append(Ranked(est, float(value.ravel()[index]), low, high, close, at_risk,
+                              equivalents[(float(score[index]), float(memory[index]))]))
     return Ranking(metric, tuple(entries), int(fits.size), int(fits.sum()),
                    estimate(job, table.config(*divmod(least, cols)), eff))

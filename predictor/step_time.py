@@ -199,17 +199,19 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     n_dp = job.cluster.world_size // cfg.mp_size
     psi = job.model.num_params / cfg.mp_size
     partition = psi / n_dp if z.stage >= 1 else psi
+    p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
+    # ZeRO-Infinity parameter offload: each rank's partition crosses to the device for every forward and
+    # every backward of every micro-step (Rajbhandari et al. 2021, sec. 5), whatever the optimizer does.
+    offload: Batch = 0.0
+    if z.offload_param.device != "none":
+        offload = gas * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
     if z.offload_optimizer.device == "none":
-        return partition * eff.optimizer_bytes_per_param / hw.memory_bandwidth_bytes_per_s, 0.0
+        return partition * eff.optimizer_bytes_per_param / hw.memory_bandwidth_bytes_per_s, offload
     # ZeRO-Offload: gradients down and updated 16-bit parameters up over PCIe, Adam on the node's CPU
     # shared by its GPUs (Ren et al. 2021, sec. 4).
-    p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     transfers = partition * (g + p) / hw.host_to_device_bandwidth_bytes_per_s
     host_adam = partition * job.cluster.num_gpus_per_node / eff.host_optimizer_params_per_s
-    offload = transfers + host_adam
-    if z.offload_param.device != "none":
-        offload = offload + gas * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
-    return 0.0, offload
+    return 0.0, offload + transfers + host_adam
 
 
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch

@@ -12,15 +12,17 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from predictor import (ClusterSpec, DSConfig, Estimate, Job, estimate, experiment_name, load_hardware, load_model,
-                       parse_ds_config, to_ds_config)
-from predictor.dsconfig import OffloadConfig
+from predictor import Efficiency, experiment_name
+from predictor.rank import Uncertainty, evaluate_space
+from predictor.space import EXPLORABLE, space_from_ds_config
 from predictor.units import GIB
+from validate import plan as planning
+from validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
+                             whatif_dict)
 
 __all__ = ["main"]
 
 EXIT_USAGE = 2
-DEFAULT_MAX_SEQ_LEN = 2048
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,22 +47,61 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     p = verbs.add_parser("predict", help="memory per GPU of a configuration, broken down, and whether it fits")
     p.add_argument("--model", default="gpt2", help="catalog name (see data/models) or a config.json path")
-    p.add_argument("--hardware", default="v100-32gb", help="catalog name (see data/hardware) or a YAML path")
+    p.add_argument("--hardware", default="v100-32gb", type=_names,
+                   help="catalog name (see data/hardware) or a YAML path; a comma list compares GPUs side by side")
     p.add_argument("--num_gpus", type=_positive("--num_gpus"), default=1, help="GPUs per node, as deepspeed's")
-    p.add_argument("--num_nodes", type=_positive("--num_nodes"), default=1)
+    p.add_argument("--num_nodes", type=_positive_list("--num_nodes"), default=[1],
+                   help="nodes; a comma list (1,2,4,8) predicts throughput and scaling efficiency per size")
     p.add_argument("--deepspeed", metavar="DS_CONFIG", help="a ds_config.json; the flags below override it")
     p.add_argument("--zero_stage", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro_batch", type=_positive("--micro_batch"), help="train_micro_batch_size_per_gpu")
     p.add_argument("--grad_accum", type=_positive("--grad_accum"), help="gradient_accumulation_steps")
     p.add_argument("--seq_len", type=_positive("--seq_len"),
-                   help=f"tokens per sample (default: the model's positions, at most {DEFAULT_MAX_SEQ_LEN})")
+                   help=f"tokens per sample (default: the model's positions, at most {planning.DEFAULT_MAX_SEQ_LEN})")
     p.add_argument("--precision", choices=("fp16", "bf16", "fp32"))
     p.add_argument("--activation_checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--offload_optimizer", choices=("none", "cpu", "nvme"))
     p.add_argument("--offload_param", choices=("none", "cpu", "nvme"))
     p.add_argument("--mp_size", type=_positive("--mp_size"), help="tensor (model) parallel degree")
+    p.add_argument("--rank", action="store_true",
+                   help="rank every configuration of the tuning space (lists in the ds_config, DeepSpeed's "
+                        "per-stage spaces, offload, checkpointing, every micro-batch) instead of predicting one")
+    p.add_argument("--top", type=_positive("--top"), default=10, help="rows of the ranking to show")
+    p.add_argument("--metric", choices=("throughput", "latency", "flops"),
+                   help="what to rank by (default: the ds_config's autotuning.metric, else throughput); "
+                        "latency is minimised")
+    p.add_argument("--headroom_gib", type=float, default=0.0, help="memory to keep free per GPU when ranking")
+    p.add_argument("--explore", type=_explore, default=EXPLORABLE,
+                   help="what --rank may add that the ds_config does not set: offload,checkpointing (default) "
+                        "or none")
+    p.add_argument("--profile", help="a calibration profile (data/profiles/*.json) to predict with")
+    p.add_argument("--plot", metavar="FILE.png", help="with --rank: throughput per micro-batch and stage, and "
+                                                       "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return parser
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one name")
+    return names
+
+
+def _positive_list(flag: str):
+    one = _positive(flag)
+
+    def parse(text: str) -> list[int]:
+        return [one(part) for part in text.split(",")]
+    return parse
+
+
+def _explore(text: str) -> tuple[str, ...]:
+    items = tuple(i.strip() for i in text.split(",") if i.strip() and i.strip() != "none")
+    for item in items:
+        if item not in EXPLORABLE:
+            raise argparse.ArgumentTypeError(f"--explore {item!r}: use offload, checkpointing or none")
+    return items
 
 
 def _read_json(path: str, flag: str) -> Any:
@@ -100,84 +141,77 @@ def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     return doc
 
 
-def _setup(args: argparse.Namespace) -> tuple[Job, DSConfig]:
-    model = load_model(args.model)
-    hardware = load_hardware(args.hardware)
-    cluster = ClusterSpec(hardware, args.num_nodes, args.num_gpus)
+def _doc(args: argparse.Namespace) -> dict[str, Any]:
     doc = _read_json(args.deepspeed, "--deepspeed") if args.deepspeed else {}
     if not isinstance(doc, dict):
         raise ValueError(f"--deepspeed {args.deepspeed}: a ds_config must be a JSON object")
-    cfg = parse_ds_config(_apply_flags(doc, args), world_size=cluster.world_size, hidden_size=model.hidden_size)
-    seq_len = args.seq_len or min(model.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    return Job(model, cluster, seq_len), cfg
+    return _apply_flags(doc, args)
 
 
-def prediction_dict(est: Estimate) -> dict[str, Any]:
-    """The JSON edge of a prediction: one object per configuration."""
-    job, cfg, mem, time = est.job, est.config, est.memory, est.time
-    cluster = job.cluster
-    return {
-        "name": experiment_name(cfg),
-        "model": {"name": job.model.name, "num_params": job.model.num_params},
-        "hardware": cluster.hardware.name, "num_nodes": cluster.num_nodes, "num_gpus": cluster.num_gpus_per_node,
-        "seq_len": job.seq_len, "precision": cfg.precision,
-        "config": to_ds_config(cfg, cluster.world_size),
-        "memory": {
-            "total_bytes": mem.total_bytes, "capacity_bytes": mem.capacity_bytes, "fits": mem.fits,
-            "headroom_bytes": mem.headroom_bytes, "peak_phase": mem.peak_phase,
-            "breakdown": {f"{term}_bytes": value for term, value in mem.breakdown_bytes.items()},
-            "phase_totals": {f"{phase}_bytes": value for phase, value in mem.phase_totals_bytes.items()},
-            "host_bytes_per_node": mem.host_bytes_per_node,
-            "host_capacity_bytes_per_node": mem.host_capacity_bytes_per_node,
-            "nvme_bytes_per_node": mem.nvme_bytes_per_node,
-        },
-        "time": {"step_s": time.step_s, "breakdown": {f"{term}_s": v for term, v in time.breakdown_s.items()},
-                 "comm_total_s": time.comm_total_s},
-        "throughput_samples_per_s": est.throughput_samples_per_s, "latency_ms": est.latency_ms,
-        "tflops_per_gpu": est.flops_per_gpu / 1e12, "tokens_per_s": est.tokens_per_s, "mfu": est.mfu,
-        "calibrated": False,
-    }
-
-
-def _offload_text(off: OffloadConfig) -> str:
-    return off.device if off.device != "none" else "-"
-
-
-def format_estimate(est: Estimate) -> str:
-    job, cfg, mem = est.job, est.config, est.memory
-    c, z = job.cluster, cfg.zero
-    lines = [
-        f"{job.model.name} ({job.model.num_params / 1e6:,.1f}M parameters) on {c.world_size} x {c.hardware.name} "
-        f"({c.num_nodes} node(s) x {c.num_gpus_per_node}), seq {job.seq_len}, {cfg.precision}",
-        f"ZeRO {z.stage}, micro-batch {cfg.train_micro_batch_size_per_gpu}, grad-accum "
-        f"{cfg.gradient_accumulation_steps}, mp {cfg.mp_size}, offload optimizer {_offload_text(z.offload_optimizer)}"
-        f" / params {_offload_text(z.offload_param)}, activation checkpointing "
-        f"{'on' if cfg.activation_checkpointing.enabled else 'off'}   [{experiment_name(cfg)}]",
-        "",
-        f"{'memory per GPU (' + mem.peak_phase + ' peak)':<44}{'GiB':>9}{'share':>8}",
-    ]
-    for term, value in mem.breakdown_bytes.items():
-        lines.append(f"  {term:<42}{value / GIB:>9.2f}{value / mem.total_bytes:>8.1%}")
-    lines += [f"  {'total':<42}{mem.total_bytes / GIB:>9.2f}",
-              f"  {'capacity':<42}{mem.capacity_bytes / GIB:>9.2f}", ""]
-    verdict = "FITS" if mem.fits else "DOES NOT FIT"
-    lines.append(f"{verdict}: headroom {mem.headroom_bytes / GIB:+.2f} GiB per GPU "
-                 f"({mem.headroom_bytes / mem.capacity_bytes:+.1%} of capacity)")
-    if mem.host_bytes_per_node or mem.nvme_bytes_per_node:
-        lines.append(f"host memory per node for offload: {mem.host_bytes_per_node / GIB:.2f} GiB of "
-                     f"{mem.host_capacity_bytes_per_node / GIB:.0f} GiB; NVMe {mem.nvme_bytes_per_node / GIB:.2f} GiB")
-    lines += ["", f"{'time per optimizer step (uncalibrated)':<44}{'ms':>9}{'share':>8}"]
-    for term, value in est.time.breakdown_s.items():
-        lines.append(f"  {term:<42}{value * 1e3:>9.1f}{value / est.time.step_s:>8.1%}")
-    lines += [f"  {'step':<42}{est.time.step_s * 1e3:>9.1f}", "",
-              f"throughput {est.throughput_samples_per_s:,.1f} samples/s ({est.tokens_per_s:,.0f} tokens/s), "
-              f"{est.flops_per_gpu / 1e12:.1f} TFLOP/s per GPU, MFU {est.mfu:.1%}"]
-    return "\n".join(lines)
+def _plan_for(args: argparse.Namespace, hardware: str, doc: dict[str, Any]) -> tuple[planning.Plan, bool]:
+    """(how to predict, whether a calibration profile applies) for one GPU type."""
+    eff, unc, calibrated = Efficiency(), Uncertainty(), False
+    if args.profile:
+        from calibrate.profile import load_profile  # the one place predict reads calibrate's data
+        profile = load_profile(Path(args.profile))
+        if profile.hardware == hardware:
+            eff, calibrated = profile.efficiency, True
+            unc = Uncertainty(profile.uncertainty.step_time_rel,
+                              profile.uncertainty.peak_memory_rel or Uncertainty().memory_rel)
+        else:
+            warnings.warn(f"--profile {args.profile} was fitted on {profile.hardware}, not {hardware}; "
+                          f"predicting {hardware} uncalibrated")
+    metric = args.metric or str((doc.get("autotuning") or {}).get("metric", "throughput")).lower()
+    if metric not in ("throughput", "latency", "flops"):
+        raise ValueError(f"ds_config autotuning.metric {metric!r}: use throughput, latency or FLOPS")
+    plan = planning.Plan(eff, unc, metric, args.headroom_gib * GIB, args.explore, args.top)  # type: ignore[arg-type]
+    return plan, calibrated
 
 
 def _predict(args: argparse.Namespace) -> int:
-    est = estimate(*_setup(args))
-    print(json.dumps(prediction_dict(est), indent=2) if args.json else format_estimate(est))
+    if len(args.num_nodes) > 1 and len(args.hardware) > 1:
+        raise ValueError("--num_nodes and --hardware are both lists; sweep one at a time")
+    if args.plot and not args.rank:
+        raise ValueError("--plot draws the ranked space; add --rank")
+    doc = _doc(args)
+    job_of = lambda hw, nodes: planning.build_job(args.model, hw, nodes, args.num_gpus, args.seq_len)  # noqa: E731
+    if len(args.num_nodes) > 1:
+        plan, calibrated = _plan_for(args, args.hardware[0], doc)
+        jobs = [(f"{n} node(s)", job_of(args.hardware[0], n)) for n in args.num_nodes]
+        points = planning.scaling_sweep(jobs, doc, plan, args.rank)
+        title = f"scaling {args.model} on {args.hardware[0]} x {args.num_gpus} per node" + (
+            f", best of the ranked space at each size by {plan.metric}" if args.rank else "")
+        return _emit(args, whatif_dict(points, "scaling", calibrated), lambda: format_whatif(points, title))
+    if len(args.hardware) > 1:
+        sweeps = [(hw, job_of(hw, args.num_nodes[0]), *_plan_for(args, hw, doc)) for hw in args.hardware]
+        points = planning.hardware_sweep([(hw, job, plan) for hw, job, plan, _ in sweeps], doc, args.rank)
+        title = f"{args.model} on {args.num_nodes[0]} node(s) x {args.num_gpus} of each GPU" + (
+            " (best of the ranked space)" if args.rank else "")
+        return _emit(args, whatif_dict(points, "hardware_comparison", any(c for *_, c in sweeps)),
+                     lambda: format_whatif(points, title))
+    job = job_of(args.hardware[0], args.num_nodes[0])
+    plan, calibrated = _plan_for(args, args.hardware[0], doc)
+    if not args.rank:
+        est = planning.single(job, doc, plan)
+        return _emit(args, prediction_dict(est, calibrated), lambda: format_estimate(est, calibrated))
+    ranking = planning.ranking(job, doc, plan)
+    if not ranking.entries:
+        least = ranking.least_memory
+        raise ValueError(f"no configuration of the space fits {job.cluster.hardware.name} "
+                         f"({least.memory.capacity_bytes / GIB:.1f} GiB): the least memory is "
+                         f"{least.memory.total_bytes / GIB:.1f} GiB ({experiment_name(least.config)}); add GPUs or nodes, offload, checkpointing "
+                         f"or a shorter --seq_len")
+    if args.plot:
+        from validate.plots import plot_space
+        space = space_from_ds_config(doc, world_size=job.cluster.world_size, hidden_size=job.model.hidden_size,
+                                     explore=plan.explore)
+        plot_space(job, evaluate_space(job, space, plan.efficiency), Path(args.plot), plan.efficiency)
+    return _emit(args, ranking_dict(ranking, calibrated),
+                 lambda: format_ranking(ranking, plan.headroom_bytes, calibrated))
+
+
+def _emit(args: argparse.Namespace, doc: dict[str, Any], text: Any) -> int:
+    print(json.dumps(doc, indent=2) if args.json else text())
     return 0
 
 
