@@ -1,0 +1,262 @@
+"""Run one DeepSpeed job through the real `deepspeed` launcher and classify how it ended.
+
+Used by calibration probes and by `zerotune tune`. Every run leaves a folder that reproduces it:
+ds_config.json, cmd.txt (the exact argument list and the added environment), stdout.log, stderr.log,
+environment.json and, when the job measured itself, metrics.json. The ds_config's
+autotuning.metric_path is pointed at that metrics.json, so DeepSpeed's own autotuning metrics
+(autotuning.enabled) and zerotune's workload script write to the same place.
+
+The launcher runs in its own session, so a timeout or Ctrl-C kills it and every rank it started
+(one process group) and nothing is left behind on this node. Ranks on other nodes started by pdsh
+are stopped by pdsh's own SIGINT handling in DeepSpeed's runner, which zerotune cannot verify.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify"]
+
+TERMINATE_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
+its ranks (launcher/launch.py sigkill_handler), which is the clean path; SIGKILL is the sure one."""
+SIGKILL_EXIT = 256 - signal.SIGKILL
+"""DeepSpeed's launcher exits with sys.exit(-9) when a rank is SIGKILLed; the shell sees 247."""
+OOM_PATTERNS = re.compile(
+    r"out of memory|OutOfMemoryError|\bMemoryError\b|Cannot allocate memory|can't allocate memory|"
+    r"std::bad_alloc|RESOURCE_EXHAUSTED", re.IGNORECASE)
+_NOISE = re.compile(r"^\s*$|\[launch\.py:|\[runner\.py:|sigkill_handler|^\s*[\^~]+\s*$|^Traceback|"
+                    r"^\s*File \"|\[(INFO|WARNING|DEBUG)\]")
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*:|^[\w.]*Error$")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    script: Path
+    ds_config: dict[str, Any]
+    run_dir: Path
+    master_port: int
+    timeout_s: float
+    script_args: tuple[str, ...] = ()
+    num_gpus: int | None = None
+    """Devices per node (the launcher's --num_gpus); None uses every device DeepSpeed finds."""
+    num_nodes: int | None = None
+    hostfile: Path | None = None
+    """A DeepSpeed hostfile ('host slots=N' lines); with more than one node the launcher needs pdsh."""
+    include: str | None = None
+    """The launcher's --include filter, e.g. 'worker-0:0,1@worker-1'; DeepSpeed refuses it with num_gpus/nodes."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to os.environ for the launcher and its ranks."""
+    memory_limit_bytes: int | None = None
+    """Per-process address-space cap (RLIMIT_AS, inherited by every rank); None for no cap."""
+    ds_config_flag: str = "--deepspeed_config"
+    """How the script receives the config path."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: Literal["ok", "oom", "timeout", "failed"]
+    """The same vocabulary as calibrate.measurement.Status."""
+    reason: str
+    returncode: int | None
+    """The launcher's exit status; None when it was killed on timeout or never started."""
+    wall_s: float
+    run_dir: Path
+    metrics: dict[str, Any] | None
+    """run_dir/metrics.json as the run wrote it, or None."""
+
+
+def free_port() -> int:
+    """A TCP port free right now on this host, for the launcher's --master_port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _deepspeed_executable() -> str:
+    # The launcher beside this Python first: a `deepspeed` earlier on PATH may belong to another environment.
+    beside = Path(sys.executable).parent / "deepspeed"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("deepspeed")
+    if found is None:
+        raise RuntimeError("the `deepspeed` launcher is not installed for this Python; pip install deepspeed")
+    return found
+
+
+def _is_multi_node(spec: LaunchSpec) -> bool:
+    return spec.hostfile is not None or (spec.num_nodes or 1) > 1 or "@" in (spec.include or "")
+
+
+def _resource_args(spec: LaunchSpec) -> list[str]:
+    if spec.include is not None and (spec.num_gpus is not None or spec.num_nodes is not None):
+        raise ValueError("LaunchSpec.include cannot be combined with num_gpus or num_nodes (DeepSpeed's launcher "
+                         "refuses it); give one or the other")
+    if (spec.num_nodes or 1) > 1 and spec.hostfile is None:
+        raise ValueError(f"LaunchSpec.num_nodes {spec.num_nodes} needs a hostfile listing the nodes; set hostfile")
+    args: list[str] = []
+    if spec.hostfile is not None:
+        args += ["--hostfile", str(spec.hostfile)]
+    if spec.num_nodes is not None:
+        args += ["--num_nodes", str(spec.num_nodes)]
+    if spec.num_gpus is not None:
+        args += ["--num_gpus", str(spec.num_gpus)]
+    if spec.include is not None:
+        args += ["--include", spec.include]
+    return args
+
+
+def deepspeed_command(spec: LaunchSpec) -> list[str]:
+    """The launcher's argument list (no shell is involved): resources, port, script, its arguments, config."""
+    return [_deepspeed_executable(), *_resource_args(spec), "--master_port", str(spec.master_port),
+            str(spec.script), *spec.script_args, spec.ds_config_flag, str(spec.run_dir / "ds_config.json")]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    metrics = spec.run_dir / "metrics.json"
+    metrics.unlink(missing_ok=True)  # a metrics file from an earlier run in this folder must not count
+    autotuning = {**(spec.ds_config.get("autotuning") or {}), "metric_path": str(metrics.resolve())}
+    _write_atomic(spec.run_dir / "ds_config.json", json.dumps({**spec.ds_config, "autotuning": autotuning}, indent=2))
+    env_lines = [f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
+    _write_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
+    from calibrate.environment import collect_environment
+    _write_atomic(spec.run_dir / "environment.json", json.dumps(collect_environment(query_device=False), indent=2))
+
+
+def _limit_memory(limit_bytes: int | None):  # type: ignore[no-untyped-def]
+    if limit_bytes is None:
+        return None
+
+    def apply() -> None:  # runs in the child between fork and exec; every rank inherits the limit
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    return apply
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the launcher's whole process group, then SIGKILL whatever is left."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    _reap_group(proc.pid)
+
+
+def _reap_group(pgid: int) -> None:
+    """Ranks can outlive the launcher (it exits when one rank fails): SIGKILL the rest of its group."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, num_bytes: int = 200_000) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - num_bytes))
+        return f.read().decode(errors="replace")
+
+
+def failure_reason(text: str) -> str:
+    """The last line that says what went wrong: the last exception line, else the last non-noise line."""
+    lines = [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
+    meaningful = [line for line in lines if not _NOISE.search(line)]
+    for line in reversed(meaningful):
+        if _EXCEPTION_LINE.search(line):
+            return line[:500]
+    return meaningful[-1][:500] if meaningful else ""
+
+
+def _read_metrics(path: Path) -> tuple[dict[str, Any] | None, str]:
+    if not path.exists():
+        return None, "no metrics written"
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        return None, f"metrics.json is not valid JSON ({exc.msg})"
+    return (doc, "") if isinstance(doc, dict) else (None, "metrics.json is not a JSON object")
+
+
+def classify(returncode: int | None, timed_out: bool, stdout: str, stderr: str, capped: bool,
+             metrics_path: Path) -> tuple[str, str, dict[str, Any] | None]:
+    """(status, reason, metrics) of a finished or killed run."""
+    if timed_out:
+        return "timeout", "", None
+    text = stderr + "\n" + stdout
+    oom = OOM_PATTERNS.search(text)
+    if returncode != 0 and oom:
+        line = next((ln for ln in reversed(text.splitlines()) if OOM_PATTERNS.search(ln)), oom.group(0))
+        return "oom", _RANK_PREFIX.sub("", line).strip()[:500], None
+    killed = returncode in (-signal.SIGKILL, SIGKILL_EXIT) or "return code = -9" in text
+    if returncode != 0 and killed and capped:
+        return "oom", "a rank was killed (SIGKILL) under the memory cap", None
+    if returncode != 0:
+        reason = failure_reason(stderr) or failure_reason(stdout) or f"launcher exited with status {returncode}"
+        return "failed", reason, None
+    metrics, problem = _read_metrics(metrics_path)
+    return ("ok", "", metrics) if metrics is not None else ("failed", problem, None)
+
+
+def _start(spec: LaunchSpec, cmd: list[str]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **spec.env}
+    with (spec.run_dir / "stdout.log").open("wb") as out, (spec.run_dir / "stderr.log").open("wb") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True, preexec_fn=_limit_memory(spec.memory_limit_bytes))
+
+
+def launch(spec: LaunchSpec) -> RunResult:
+    """Run the job to completion, its time limit or Ctrl-C (which stops every rank, then re-raises)."""
+    if spec.timeout_s <= 0:
+        raise ValueError(f"LaunchSpec.timeout_s must be positive, got {spec.timeout_s}")
+    cmd = deepspeed_command(spec)
+    if _is_multi_node(spec) and shutil.which("pdsh") is None:
+        raise RuntimeError("a multi-node launch needs pdsh, which DeepSpeed's launcher runs on every node; "
+                           "install pdsh (e.g. apt-get install pdsh) or run on one node with num_gpus")
+    _prepare_run_dir(spec, cmd)
+    start = time.monotonic()
+    proc = _start(spec, cmd)
+    timed_out = False
+    try:
+        proc.wait(timeout=spec.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc, TERMINATE_GRACE_S)
+    except KeyboardInterrupt:
+        _kill_group(proc, TERMINATE_GRACE_S)
+        raise
+    finally:
+        _reap_group(proc.pid)
+    wall_s = time.monotonic() - start
+    returncode = None if timed_out else proc.returncode
+    status, reason, metrics = classify(returncode, timed_out, _tail(spec.run_dir / "stdout.log"),
+                                       _tail(spec.run_dir / "stderr.log"), spec.memory_limit_bytes is not None,
+                                       spec.run_dir / "metrics.json")
+    if timed_out:
+        reason = f"no result within {spec.timeout_s:g} s; the launcher and its ranks were killed"
+    return RunResult(status, reason, returncode, wall_s, spec.run_dir, metrics)  # type: ignore[arg-type]

@@ -1,0 +1,119 @@
+"""calibrate.launch: the real `deepspeed` launcher on the CPU accelerator with 2 ranks, and how runs end."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from predictor import load_model
+from calibrate.launch import LaunchSpec, classify, deepspeed_command, failure_reason, free_port, launch
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+WORKLOAD = REPO / "calibrate" / "workload.py"
+CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+TINY_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+               "zero_optimization": {"stage": 1}, "steps_per_print": 1000}
+
+
+def _spec(tmp_path: Path, script: Path, timeout_s: float = 240.0, **changes) -> LaunchSpec:
+    changes = {"num_gpus": 2, "env": CPU_ENV, **changes}
+    return LaunchSpec(script=script, ds_config=TINY_CONFIG, run_dir=tmp_path / "run", master_port=free_port(),
+                      timeout_s=timeout_s, **changes)
+
+
+def test_command_is_an_argument_list_for_one_node(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, WORKLOAD, script_args=("--model", "a model; rm -rf /"))
+    cmd = deepspeed_command(spec)
+    assert Path(cmd[0]).name == "deepspeed"
+    assert cmd[1:3] == ["--num_gpus", "2"] and "--hostfile" not in cmd  # one node: no pdsh, no hostfile
+    assert "a model; rm -rf /" in cmd  # passed as one argument: no shell ever parses it
+    assert cmd[-2:] == ["--deepspeed_config", str(tmp_path / "run" / "ds_config.json")]
+
+
+def test_multi_node_passes_hostfile_and_refuses_include_with_counts(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    cmd = deepspeed_command(_spec(tmp_path, WORKLOAD, num_nodes=2, hostfile=hostfile))
+    assert cmd[cmd.index("--hostfile") + 1] == str(hostfile) and cmd[cmd.index("--num_nodes") + 1] == "2"
+    with pytest.raises(ValueError, match="include"):
+        deepspeed_command(_spec(tmp_path, WORKLOAD, include="worker-0:0,1"))
+    with pytest.raises(ValueError, match="hostfile"):
+        deepspeed_command(_spec(tmp_path, WORKLOAD, num_nodes=2))
+
+
+def test_failure_reason_is_the_exception_line_not_launcher_noise() -> None:
+    stderr = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File \"x.py\", line 3\n"
+              "[rank1]: RuntimeError: Expected all tensors to be on the same device\n"
+              "[2026-01-01 00:00:00] [ERROR] [launch.py:259:sigkill_handler] [...] exits with return code = 1\n")
+    assert failure_reason(stderr) == "RuntimeError: Expected all tensors to be on the same device"
+
+
+def test_sigkill_under_a_memory_cap_is_oom_and_without_one_a_failure(tmp_path: Path) -> None:
+    status, _, _ = classify(247, False, "", "exits with return code = -9", True, tmp_path / "m.json")
+    assert status == "oom"
+    status, _, _ = classify(247, False, "", "exits with return code = -9", False, tmp_path / "m.json")
+    assert status == "failed"
+
+
+def test_cuda_oom_message_is_oom(tmp_path: Path) -> None:
+    stderr = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert classify(1, False, "", stderr, False, tmp_path / "m.json")[0] == "oom"
+
+
+@pytest.mark.deepspeed
+def test_ok_run_writes_metrics_and_reproducible_folder(tmp_path: Path) -> None:
+    args = ("--model", str(FIXTURES / "tiny-gpt.yaml"), "--seq_len", "32", "--steps", "3", "--warmup", "1")
+    result = launch(_spec(tmp_path, WORKLOAD, script_args=args))
+    assert result.status == "ok", result.reason
+    assert result.returncode == 0
+    for name in ("ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "environment.json", "metrics.json"):
+        assert (result.run_dir / name).is_file(), name
+    m = result.metrics
+    assert m is not None and m["device"] == "cpu" and m["samples_per_step"] == 4  # 2 per rank x 2 ranks
+    assert m["num_params"] == load_model(str(FIXTURES / "tiny-gpt.yaml")).num_params == 141_056
+    assert m["step_s"] > 0 and m["throughput"] == pytest.approx(4 / m["step_s"])
+    assert m["latency"] == pytest.approx(m["step_s"] * 1e3)
+    assert 50 * 2**20 < m["peak_memory_bytes"] < 4 * 2**30  # RSS of a torch + DeepSpeed process
+    assert m["forward_s"] > 0 and m["backward_s"] > 0 and m["optimizer_s"] > 0
+
+
+@pytest.mark.deepspeed
+def test_crashing_script_is_failed_with_its_reason(tmp_path: Path) -> None:
+    result = launch(_spec(tmp_path, FIXTURES / "crash.py", timeout_s=120))
+    assert result.status == "failed"
+    assert result.reason.startswith("ValueError: fixture crash on purpose"), result.reason
+    assert result.returncode not in (0, None)
+
+
+@pytest.mark.deepspeed
+def test_hanging_script_times_out_and_leaves_no_process(tmp_path: Path) -> None:
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    spec = _spec(tmp_path, FIXTURES / "hang.py", timeout_s=15, env={**CPU_ENV, "ZT_FIXTURE_PID_DIR": str(pid_dir)})
+    result = launch(spec)
+    assert result.status == "timeout" and result.returncode is None
+    assert result.wall_s == pytest.approx(15, abs=12)
+    pids = [int(p.stem) for p in pid_dir.glob("*.pid")]
+    assert len(pids) == 2, "both ranks should have started within the time limit"
+    time.sleep(0.5)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+@pytest.mark.deepspeed
+def test_allocation_past_the_memory_cap_is_oom(tmp_path: Path) -> None:
+    result = launch(_spec(tmp_path, FIXTURES / "alloc.py", timeout_s=120, memory_limit_bytes=3 * 2**30))
+    assert result.status == "oom", (result.status, result.reason)
+    assert "MemoryError" in result.reason or "memory" in result.reason.lower()
+
+
+def test_launch_refuses_multi_node_without_pdsh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import calibrate.launch as launch_module
+    real_which = launch_module.shutil.which
+    monkeypatch.setattr(launch_module.shutil, "which", lambda name: None if name == "pdsh" else real_which(name))
+    with pytest.raises(RuntimeError, match="pdsh"):
+        launch(_spec(tmp_path, WORKLOAD, num_nodes=2, hostfile=tmp_path / "hostfile"))
+    assert not os.path.exists(tmp_path / "run" / "cmd.txt")  # refused before anything ran or was written
