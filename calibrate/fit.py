@@ -65,6 +65,7 @@ _SENSITIVITY_MIN = 1e-3
 # (e.g. latency vs bandwidth on large messages only) where they started instead of wandering.
 _PRIOR_WEIGHT = 0.01
 _MAX_FOLDS = 5
+_HINGE_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -171,12 +172,13 @@ def _memory_residuals(cases: list[_Case], eff: Efficiency) -> list[float]:
             out.append(math.log(_predicted_peak(c, eff) / c.m.peak_memory_bytes))
         if c.m.reserved_memory_bytes and hw.kind != "cpu":
             out.append(math.log(c.live_bytes * (1 + eff.allocator_slack_fraction) / c.m.reserved_memory_bytes))
-        # Hinge: an OOM predicted to fit, or a finished run predicted not to, costs its log distance to capacity.
+        # Hinge: an OOM predicted to fit, or a finished run predicted not to, costs its log distance to
+        # capacity plus a margin, so the fit settles clearly on the right side rather than on the edge.
         ratio = math.log(hw.memory_bytes / predicted_total_bytes(c.live_bytes, eff, hw))
         if c.m.status == "oom":
-            out.append(max(0.0, ratio))
+            out.append(max(0.0, ratio + _HINGE_MARGIN))
         elif c.m.status == "ok":
-            out.append(max(0.0, -ratio))
+            out.append(max(0.0, _HINGE_MARGIN - ratio))
     return out
 
 

@@ -1,0 +1,181 @@
+"""calibrate.fit: parameters planted in synthetic measurements come back; fits never make things worse."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from calibrate.fit import fit, fit_microbenchmarks, predicted_total_bytes
+from calibrate.measurement import Measurement
+from predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
+from predictor.memory import estimate_memory
+
+GIB = 2**30
+
+
+def _job(model: str, hardware: str, seq_len: int, num_gpus: int, num_nodes: int = 1) -> Job:
+    return Job(load_model(model), ClusterSpec(load_hardware(hardware), num_nodes, num_gpus), seq_len)
+
+
+def _synthetic(true: Efficiency, hardware: str, models: tuple[str, ...], seq_len: int, num_gpus: int,
+               precision: str, noise: float, seed: int, with_memory: bool = False) -> list[Measurement]:
+    """Measurements the predictor itself makes with `true`, times seeded log-normal noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for model in models:
+        job = _job(model, hardware, seq_len, num_gpus)
+        for stage in (0, 1, 2, 3):
+            for micro_batch in (1, 2, 4, 8):
+                gas = 1 + (micro_batch + stage) % 3
+                cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=gas,
+                               precision=precision).replace_zero(stage=stage, overlap_comm=stage >= 2,
+                                                                 reduce_bucket_size_elems=5 * 10**7 * (1 + stage))
+                e = estimate(job, cfg, true)
+                memory = e.memory.total_bytes * float(np.exp(rng.normal(0, noise))) if with_memory else None
+                out.append(Measurement(model, hardware, 1, num_gpus, seq_len, cfg, "ok",
+                                       step_s=e.time.step_s * float(np.exp(rng.normal(0, noise))),
+                                       peak_memory_bytes=memory, source=f"synthetic {model} z{stage} mb{micro_batch}"))
+    return out
+
+
+# Planted values far (x0.6 - x1.5) from the defaults, as datasheet-vs-cluster gaps are (issue 4).
+TRUE_A100 = Efficiency(compute_efficiency_max=0.35, compute_half_size=3.0e6, intra_node_bandwidth_efficiency=0.5,
+                       optimizer_bytes_per_param=45.0)
+A100_PARAMS = ("compute_efficiency_max", "compute_half_size", "intra_node_bandwidth_efficiency",
+               "optimizer_bytes_per_param")
+
+
+def test_fit_recovers_planted_a100_parameters_without_noise() -> None:
+    data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2", "gpt2-medium"), 1024, 8, "fp16", noise=0.0, seed=1)
+    result = fit(data, params=A100_PARAMS)
+    # Only the weak pull towards the start values (0.01 per log unit) keeps it from exact.
+    for name in A100_PARAMS:
+        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE_A100, name), rel=0.02), name
+    assert result.quality.step_time_mape_in_sample < 0.002
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fit_recovers_compute_curve_through_noise(seed: int) -> None:
+    # 3% noise on 32 runs: the compute curve sets ~90% of every step and comes back within 5% / 15%; the
+    # NVLink all-reduce and the optimizer step are 1-7% of a step here, below what 3% noise lets one resolve
+    # (seen: 0.6x-1.6x), so they are only checked where they matter (the CPU test below).
+    data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2", "gpt2-medium"), 1024, 8, "fp16", noise=0.03, seed=seed)
+    result = fit(data, params=A100_PARAMS)
+    assert result.efficiency.compute_efficiency_max == pytest.approx(0.35, rel=0.05)
+    assert result.efficiency.compute_half_size == pytest.approx(3.0e6, rel=0.15)
+    assert result.quality.step_time_mape_before > 0.3
+    assert result.quality.step_time_mape_in_sample < 0.04
+    assert result.quality.step_time_mape_out_of_sample < 0.05
+    assert 0.015 < result.uncertainty.step_time_rel < 0.06
+
+
+def test_fit_all_parameters_skips_what_single_node_data_cannot_inform() -> None:
+    data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2",), 1024, 8, "fp16", noise=0.03, seed=2)
+    result = fit(data)
+    # Single node: the inter-node link is never used; no run offloads; no memory was measured.
+    for name in ("inter_node_bandwidth_efficiency", "inter_node_latency_s", "host_optimizer_params_per_s",
+                 "allocator_slack_fraction", "runtime_reserved_bytes"):
+        assert name in result.skipped_params
+        assert getattr(result.efficiency, name) == getattr(Efficiency(), name)
+    assert result.efficiency.compute_efficiency_max == pytest.approx(0.35, rel=0.1)
+    assert result.quality.step_time_mape_in_sample < 0.04
+
+
+TRUE_CPU = Efficiency(compute_efficiency_max=0.6, compute_half_size=2.0e4, intra_node_bandwidth_efficiency=0.6,
+                      allocator_slack_fraction=0.2, runtime_reserved_bytes=0.7 * GIB)
+
+
+def test_fit_recovers_cpu_compute_and_memory_parameters() -> None:
+    data = _synthetic(TRUE_CPU, "cpu", ("gpt2", "gpt2-medium"), 128, 2, "fp32", noise=0.02, seed=3, with_memory=True)
+    result = fit(data, params=("compute_efficiency_max", "compute_half_size", "intra_node_bandwidth_efficiency",
+                               "allocator_slack_fraction", "runtime_reserved_bytes"))
+    eff = result.efficiency
+    # Tolerances hold over seeds 3-8 (seen: max 0.599-0.609, half size 1.7e4-3.0e4, bandwidth 0.56-0.70,
+    # slack 0.187-0.213, reserve 0.62-0.75 GiB). The half size is the least determined: micro-batches 1-8
+    # of 128 tokens sit near it, where max and half size trade off.
+    assert eff.compute_efficiency_max == pytest.approx(0.6, rel=0.05)
+    assert eff.compute_half_size == pytest.approx(2.0e4, rel=0.6)
+    # gloo at 1 GB/s: the gradient all-reduce is a large share of a CPU step, so its bandwidth comes back.
+    assert eff.intra_node_bandwidth_efficiency == pytest.approx(0.6, rel=0.2)
+    # Peak RSS on the CPU target = live x (1 + slack) + reserve: both recovered from runs of 3.5-11 GB.
+    assert eff.allocator_slack_fraction == pytest.approx(0.2, abs=0.03)
+    assert eff.runtime_reserved_bytes == pytest.approx(0.7 * GIB, rel=0.15)
+    assert result.quality.peak_memory_mape_in_sample < 0.03 < result.quality.peak_memory_mape_before
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_fit_never_makes_in_sample_error_worse(seed: int) -> None:
+    # The defaults are the truth here: nothing to gain, only noise to chase.
+    data = _synthetic(Efficiency(), "a100-40gb", ("gpt2",), 512, 8, "bf16", noise=0.05, seed=seed)
+    q = fit(data).quality
+    assert q.step_time_mape_in_sample <= q.step_time_mape_before + 1e-12
+    assert len(fit(data).table) == len(data)
+
+
+def _oom_case(micro_batch: int, status: str) -> Measurement:
+    cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, precision="fp16").replace_zero(stage=2)
+    job = _job("gpt2-large", "a100-40gb", 1024, 4)
+    step = estimate(job, cfg).time.step_s if status == "ok" else None
+    return Measurement("gpt2-large", "a100-40gb", 1, 4, 1024, cfg, status, step_s=step, source=f"mb{micro_batch}")
+
+
+def test_oom_hinge_raises_the_runtime_reserve_until_oom_runs_do_not_fit() -> None:
+    job = _job("gpt2-large", "a100-40gb", 1024, 4)
+    live = {mb: estimate_memory(job, _oom_case(mb, "oom").config,
+                                Efficiency(allocator_slack_fraction=0, runtime_reserved_bytes=0)).total_bytes
+            for mb in (2, 4, 5)}
+    # Under the defaults micro-batch 5 is predicted to fit; on this cluster it ran out of memory.
+    data = [_oom_case(2, "ok"), _oom_case(4, "ok"), _oom_case(5, "oom")]
+    capacity = load_hardware("a100-40gb").memory_bytes
+    assert predicted_total_bytes(live[5], Efficiency(), load_hardware("a100-40gb")) < capacity
+    result = fit(data, params=("runtime_reserved_bytes",))
+    assert result.quality.oom_misclassified_before == 1
+    assert result.quality.oom_misclassified_after == 0
+    reserve = result.efficiency.runtime_reserved_bytes
+    assert capacity - live[5] * 1.05 <= reserve <= capacity - live[4] * 1.05
+    assert [row.fits_after for row in result.table] == [True, True, False]
+
+
+def test_predicted_total_bytes_mirrors_estimate_memory() -> None:
+    job = _job("gpt2-medium", "a100-40gb", 1024, 8)
+    eff = Efficiency(allocator_slack_fraction=0.13, runtime_reserved_bytes=1.7 * GIB)
+    for stage in (0, 3):
+        cfg = DSConfig(train_micro_batch_size_per_gpu=3, precision="bf16").replace_zero(stage=stage)
+        live = estimate_memory(job, cfg, Efficiency(allocator_slack_fraction=0, runtime_reserved_bytes=0)).total_bytes
+        assert predicted_total_bytes(live, eff, job.cluster.hardware) == pytest.approx(
+            estimate_memory(job, cfg, eff).total_bytes, rel=1e-12)
+
+
+def test_fit_rejects_mixed_hardware_and_unknown_parameters() -> None:
+    a100 = _oom_case(2, "ok")
+    h100 = dataclasses.replace(a100, hardware="h100-80gb")
+    with pytest.raises(ValueError, match="2 hardware kinds"):
+        fit([a100, h100])
+    with pytest.raises(ValueError, match="cannot fit 'compute_eff'"):
+        fit([a100], params=("compute_eff",))
+    with pytest.raises(ValueError, match="no measurement with status ok"):
+        fit([_oom_case(5, "oom")])
+
+
+def test_fit_microbenchmarks_maps_matmuls_collectives_and_memory_bandwidth() -> None:
+    hw = load_hardware("a100-40gb")
+    peak = hw.peak_flops["bf16"]
+    matmul = [{"m": m, "n": n, "k": 4096, "dtype": "bf16", "seconds": 1.0,
+               "flops_per_s": peak * 0.8 * (m * n) / (m * n + 4.0e6)}
+              for m in (256, 1024, 4096, 16384) for n in (1024, 4096)]
+    bus, latency = 0.6 * hw.intra_node_bandwidth_bytes_per_s, 12e-6
+    collectives = [{"op": "all_reduce", "bytes": size, "num_ranks": 8, "link": "intra_node",
+                    "bus_bandwidth_bytes_per_s": bus,
+                    "seconds": size * 2 * 7 / 8 / bus + 2 * 7 * latency} for size in (1024, 2**20, 2**26, 2**28)]
+    results = {"device": "A100", "matmul": matmul, "collectives": collectives,
+               "memory_bandwidth_bytes_per_s": 0.75 * hw.memory_bandwidth_bytes_per_s,
+               "host_to_device_bytes_per_s": 2.0e10, "environment": {}}
+    eff = fit_microbenchmarks(results, hw, Efficiency())
+    assert eff.compute_efficiency_max == pytest.approx(0.8, rel=1e-3)
+    assert eff.compute_half_size == pytest.approx(4.0e6, rel=1e-2)
+    assert eff.intra_node_bandwidth_efficiency == pytest.approx(0.6, rel=1e-6)
+    assert eff.intra_node_latency_s == pytest.approx(12e-6, rel=1e-3)
+    assert eff.optimizer_bytes_per_param == pytest.approx(30.0 / 0.75)
+    assert eff.inter_node_bandwidth_efficiency == Efficiency().inter_node_bandwidth_efficiency  # nothing measured
