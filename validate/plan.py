@@ -71,4 +71,11 @@ def scaling_sweep(jobs: Iterable[tuple[str, Job]], doc: dict[str, Any], plan: Pl
 
 
 def hardware_sweep(jobs: Iterable[tuple[str, Job, Plan]], doc: dict[str, Any], ranked: bool) -> list[WhatIf]:
-    return [WhatIf(label, best(job, doc, plan, ranked)) for label, job, plan in jobs]
+    """The same job on each GPU; a GPU that cannot run it at all (no such precision) says why in its row."""
+    points = []
+    for label, job, plan in jobs:
+        try:
+            points.append(WhatIf(label, best(job, doc, plan, ranked)))
+        except ValueError as exc:
+            points.append(WhatIf(label, None, note=str(exc)))
+    return points

@@ -156,11 +156,14 @@ class WhatIf:
     """None when nothing fits there."""
     scaling_efficiency: float | None = None
     """Throughput per GPU relative to the sweep's first size."""
+    note: str = "nothing fits"
+    """Why there is no estimate."""
 
 
 def whatif_dict(points: list[WhatIf], kind: str, calibrated: bool = False) -> dict[str, Any]:
     return {kind: [{"label": p.label, "fits": p.estimate is not None, "scaling_efficiency": p.scaling_efficiency,
-                    **(prediction_dict(p.estimate, calibrated) if p.estimate else {})} for p in points]}
+                    **(prediction_dict(p.estimate, calibrated) if p.estimate else {"note": p.note})}
+                   for p in points]}
 
 
 def format_whatif(points: list[WhatIf], title: str) -> str:
@@ -169,7 +172,7 @@ def format_whatif(points: list[WhatIf], title: str) -> str:
     for p in points:
         est = p.estimate
         if est is None:
-            lines.append(f"{p.label:<16}{'':>6}{'nothing fits':>42}")
+            lines.append(f"{p.label:<16}{'':>6}  {p.note}")
             continue
         per_gpu = est.throughput_samples_per_s / est.job.cluster.world_size
         scaling = f"{p.scaling_efficiency:.1%}" if p.scaling_efficiency is not None else "-"
