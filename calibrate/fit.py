@@ -352,7 +352,7 @@ _DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16", "
            "bf16": "bf16", "bfloat16": "bf16"}
 
 
-def _compute_curve(matmuls: list[dict[str, Any]], hw: HardwareSpec, base: Efficiency) -> dict[str, float]:
+def _compute_curve(matmuls: list[dict[str, Any]], hw: HardwareSpec) -> dict[str, float]:
     """compute_efficiency_max and compute_half_size from matmul FLOP/s against size.
 
     The model's curve runs over x = micro-batch tokens x hidden / tp, the output size of a transformer's
@@ -411,7 +411,7 @@ def fit_microbenchmarks(results: dict[str, Any], hardware: HardwareSpec, base: E
         raise ValueError(f"microbenchmark results must be a JSON object, got {type(results).__name__}")
     values: dict[str, float] = {}
     try:
-        values.update(_compute_curve(list(results.get("matmul") or []), hardware, base))
+        values.update(_compute_curve(list(results.get("matmul") or []), hardware))
         collectives = list(results.get("collectives") or [])
         values.update(_link(collectives, "intra_node", hardware.intra_node_bandwidth_bytes_per_s))
         values.update(_link(collectives, "inter_node", hardware.inter_node_bandwidth_bytes_per_s))
@@ -419,6 +419,7 @@ def fit_microbenchmarks(results: dict[str, Any], hardware: HardwareSpec, base: E
         raise ValueError(f"microbenchmark results: malformed entry ({exc!r}); re-run the microbenchmarks") from None
     measured_bw = results.get("memory_bandwidth_bytes_per_s")
     if isinstance(measured_bw, (int, float)) and measured_bw > 0:
-        values["optimizer_bytes_per_param"] = (base.optimizer_bytes_per_param
-                                               * hardware.memory_bandwidth_bytes_per_s / float(measured_bw))
+        spec = PARAM_SPECS["optimizer_bytes_per_param"]
+        scaled = base.optimizer_bytes_per_param * hardware.memory_bandwidth_bytes_per_s / float(measured_bw)
+        values["optimizer_bytes_per_param"] = min(max(scaled, spec.lower), spec.upper)
     return dataclasses.replace(base, **values)

@@ -201,6 +201,8 @@ def load_profile(path: Path) -> CalibrationProfile:
                           _required(FitQuality))
     fitted_on = _check_keys(f"profile {path}: fitted_on", doc["fitted_on"], ["count", "sources", "measurements"],
                             ["count", "sources", "measurements"])
+    if not isinstance(doc.get("environment", {}), dict):
+        raise ValueError(f"profile {path}: environment must be a JSON object of versions and device facts")
     for number, record in enumerate(fitted_on["measurements"]):
         from_record(record, f"profile {path}: fitted_on.measurements[{number}]")
     return CalibrationProfile(
