@@ -40,6 +40,12 @@ class Efficiency:
     compute_half_size: float = 2.0**20
     """Problem size (micro-batch tokens x hidden / tensor parallel) at which efficiency is half its
     maximum: small micro-batches and hidden sizes run far below peak. Uncalibrated default."""
+    fp32_compute_scale: float = 1.0
+    """Efficiency in fp32 relative to the curve above (one curve cannot serve every precision: a CPU runs
+    bf16 training far below its AMX matmul peak, a GPU runs fp32 on TF32 tensor cores). Fitted per precision
+    where the measurements have several; 1 otherwise."""
+    fp16_compute_scale: float = 1.0
+    bf16_compute_scale: float = 1.0
     intra_node_bandwidth_efficiency: float = 0.75
     """Achieved bus bandwidth / link peak within a node (nccl-tests busbw on NVLink is ~75-80% of peak)."""
     inter_node_bandwidth_efficiency: float = 0.8

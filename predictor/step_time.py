@@ -117,7 +117,8 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     m, s, tp = job.model, job.seq_len, cfg.mp_size
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
     one = micro_batch_flops(m, 1, s, cfg.activation_checkpointing.enabled)
-    rate = job.cluster.hardware.peak_flops[cfg.precision] * compute_efficiency(b * s * m.hidden_size / tp, eff)
+    scale = getattr(eff, f"{cfg.precision}_compute_scale")
+    rate = job.cluster.hardware.peak_flops[cfg.precision] * scale * compute_efficiency(b * s * m.hidden_size / tp, eff)
     return (b * one.forward_flops / tp / rate, b * one.backward_flops / tp / rate,
             b * one.recompute_flops / tp / rate, b * one.model_flops / tp)
 

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from predictor import Efficiency, experiment_name
+from predictor import Efficiency, experiment_name, load_hardware
 from predictor.rank import Uncertainty, evaluate_space
 from predictor.space import EXPLORABLE, space_from_ds_config
 from predictor.units import GIB
@@ -78,7 +78,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="with --rank: throughput per micro-batch and stage, and "
                                                        "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    _add_calibrate(verbs)
     return parser
+
+
+def _add_calibrate(verbs: Any) -> None:
+    c = verbs.add_parser("calibrate", help="fit this cluster's profile from microbenchmarks and a few real "
+                                           "DeepSpeed runs, or from measurements made elsewhere (--from)")
+    c.add_argument("--hardware", required=True, help="catalog name (see data/hardware) or a YAML path")
+    c.add_argument("--num_gpus", type=_positive("--num_gpus"), help="devices per node, as deepspeed's")
+    c.add_argument("--num_nodes", type=_positive("--num_nodes"), help="nodes (needs --hostfile), as deepspeed's")
+    c.add_argument("--hostfile", help="DeepSpeed hostfile for multi-node runs")
+    c.add_argument("--model", help="probe model: catalog name or path (default: the built-in zt-gpt-small); "
+                                   "with --from, the model the measurements trained")
+    c.add_argument("--seq_len", type=_positive("--seq_len"), help="tokens per sample (probe default: 128)")
+    c.add_argument("--from", dest="source", metavar="PATH",
+                   help="fit from a DeepSpeed autotuning folder, a CSV / JSONL table or zerotune measurements "
+                        "instead of running anything")
+    c.add_argument("--out", help="profile to write (default: data/profiles/<hardware>.json)")
+    c.add_argument("--quick", action="store_true", help="fewest sizes and steps (CI)")
+    c.add_argument("--max_probes", type=_positive("--max_probes"), default=6, help="real probe runs (at most 6)")
+    c.add_argument("--timeout_s", type=float, default=900.0, help="time limit per run")
+    c.add_argument("--plot", metavar="FILE.png", help="step time predicted against measured, before and after")
+    c.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
 
 
 def _names(text: str) -> list[str]:
@@ -215,6 +237,31 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], text: Any) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from calibrate import run as calibration  # torch-free; the measuring steps import torch when they run
+    from validate.plots import plot_predicted_vs_measured
+    hardware = load_hardware(args.hardware).name
+    if args.source:
+        from calibrate.ingest import read_measurements
+        measurements = read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len)
+        environment = {"source": str(args.source)}
+    else:
+        measured = calibration.measure(
+            hardware=args.hardware, num_gpus=args.num_gpus, num_nodes=args.num_nodes, hostfile=args.hostfile,
+            model=args.model, seq_len=args.seq_len, quick=args.quick, max_probes=args.max_probes,
+            timeout_s=args.timeout_s, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        measurements, environment = list(measured.measurements), measured.environment
+    cal = calibration.fit_and_save(measurements, environment, Path(args.out) if args.out else None,
+                                   base=calibration.starting_efficiency(environment, hardware))
+    if args.plot:
+        calibration.plot_fit(cal, Path(args.plot), plot_predicted_vs_measured)
+    if args.json:
+        print(cal.path.read_text())
+    else:
+        print(calibration.format_fit(cal))
+    return 0
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
     print(f"zerotune: warning: {message}", file=sys.stderr)
@@ -224,8 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
     try:
-        return {"predict": _predict}[args.verb](args)
-    except ValueError as exc:
+        return {"predict": _predict, "calibrate": _calibrate}[args.verb](args)
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: a run that could not be measured, said in one line
         print(f"zerotune: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:

@@ -1,0 +1,130 @@
+"""`zerotune calibrate`: measure (microbenchmarks and probe runs) or read measurements, fit, write a profile.
+
+The steps are separate functions so `tune` can refit from its own experiments with the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from calibrate.fit import FitResult, fit, make_profile
+from calibrate.measurement import Measurement, append_jsonl
+from calibrate.profile import CalibrationProfile, default_profile_path, save_profile
+from predictor import Efficiency
+from predictor.units import GIB
+
+__all__ = ["Calibration", "Measured", "measure", "starting_efficiency", "fit_and_save", "format_fit", "plot_fit",
+           "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]
+
+DEFAULT_PROBE_MODEL = "zt-gpt-small"
+"""zerotune's built-in GPT-style workload (data/models/zt-gpt-small.yaml), run by calibrate/workload.py."""
+DEFAULT_PROBE_SEQ_LEN = 128
+
+
+@dataclass(frozen=True)
+class Measured:
+    measurements: tuple[Measurement, ...]
+    environment: dict[str, Any]
+    """Versions, device, date; the microbenchmark results under "microbenchmarks"."""
+
+
+def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostfile: str | None,
+            model: str | None, seq_len: int | None, quick: bool, max_probes: int, timeout_s: float,
+            progress: Callable[[str], None], run_root: Path | None = None) -> Measured:
+    """Microbenchmarks, then at most `max_probes` real DeepSpeed probe runs, all through the launcher."""
+    from calibrate.environment import collect_environment
+    from calibrate.microbench import run_microbenchmarks
+    from calibrate.probe import run_probes
+    from predictor import ClusterSpec, Job, load_hardware, load_model
+    if max_probes > 6:
+        raise ValueError(f"--max_probes {max_probes}: calibration uses at most 6 probe runs; pass 6 or fewer")
+    hw = load_hardware(hardware)
+    cluster = ClusterSpec(hw, num_nodes or 1, num_gpus or hw.gpus_per_node)
+    job = Job(load_model(model or DEFAULT_PROBE_MODEL), cluster, seq_len or DEFAULT_PROBE_SEQ_LEN)
+    root = run_root or Path("zerotune_calibration") / hw.name
+    host = Path(hostfile) if hostfile else None
+    progress(f"microbenchmarks on {cluster.world_size} x {hw.name} -> {root / 'microbench'}")
+    micro = run_microbenchmarks(root / "microbench", num_gpus=num_gpus, num_nodes=num_nodes, hostfile=host,
+                                quick=quick, timeout_s=timeout_s)
+    environment = {**collect_environment(), "microbenchmarks": micro}
+    measurements = run_probes(job, root / "probes", num_gpus=num_gpus, num_nodes=num_nodes, hostfile=host,
+                              max_probes=max_probes, quick=quick, timeout_s=timeout_s, progress=progress)
+    return Measured(tuple(measurements), environment)
+
+
+def starting_efficiency(environment: dict[str, Any], hardware: str) -> Efficiency:
+    """The fit starts from what the microbenchmarks say about this cluster, else from the defaults."""
+    from calibrate.fit import fit_microbenchmarks
+    from predictor import load_hardware
+    micro = environment.get("microbenchmarks")
+    return fit_microbenchmarks(micro, load_hardware(hardware)) if micro else Efficiency()
+
+
+@dataclass(frozen=True)
+class Calibration:
+    profile: CalibrationProfile
+    result: FitResult
+    path: Path
+    measurements: tuple[Measurement, ...]
+
+
+def fit_and_save(measurements: Sequence[Measurement], environment: dict[str, Any], out: Path | None,
+                 base: Efficiency = Efficiency()) -> Calibration:
+    """Fit the measurements, write the profile (default data/profiles/<hardware>.json) and, beside it,
+    the measurements as JSONL so the profile can be refitted or audited."""
+    result = fit(measurements, base)
+    profile = make_profile(result, measurements, environment)
+    path = out or default_profile_path(profile.hardware)
+    save_profile(profile, path)
+    log = path.with_suffix(".measurements.jsonl")
+    log.unlink(missing_ok=True)
+    append_jsonl(log, measurements)
+    return Calibration(profile, result, path, tuple(measurements))
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:10.1f}" if value else f"{'-':>10}"
+
+
+def _gib(value: float | None) -> str:
+    return f"{value / GIB:8.2f}" if value else f"{'-':>8}"
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.1%}" if value is not None else "-"  # FitQuality holds fractions
+
+
+def format_fit(cal: Calibration) -> str:
+    """Predicted against measured, before and after the fit, the fitted parameters and the fit quality."""
+    r, q = cal.result, cal.result.quality
+    lines = [f"{'run':<44}{'status':>8}{'step ms':>10}{'before':>10}{'after':>10}"
+             f"{'mem GiB':>8}{'before':>8}{'after':>8}"]
+    for row in r.table:
+        lines.append(f"{Path(row.source).name[:43]:<44}{row.status:>8}{_ms(row.measured_step_s)}"
+                     f"{_ms(row.predicted_step_s_before)}{_ms(row.predicted_step_s_after)}"
+                     f"{_gib(row.measured_peak_memory_bytes)}{_gib(row.predicted_peak_memory_bytes_before)}"
+                     f"{_gib(row.predicted_peak_memory_bytes_after)}")
+    lines += ["", "fitted parameters:"]
+    for name in r.fitted_params:
+        lines.append(f"  {name:<36} {getattr(r.efficiency, name)!r}")
+    for name, why in r.skipped_params.items():
+        lines.append(f"  {name:<36} kept ({why})")
+    lines += ["", f"step time MAPE: before {_pct(q.step_time_mape_before)}, fitted in sample "
+                  f"{_pct(q.step_time_mape_in_sample)}, out of sample {_pct(q.step_time_mape_out_of_sample)} "
+                  f"({q.num_step_time} runs, {q.num_folds} folds)",
+              f"peak memory MAPE: before {_pct(q.peak_memory_mape_before)}, in sample "
+              f"{_pct(q.peak_memory_mape_in_sample)}, out of sample {_pct(q.peak_memory_mape_out_of_sample)}",
+              f"profile written: {cal.path}"]
+    lines += [f"note: {note}" for note in r.notes]
+    return "\n".join(lines)
+
+
+def plot_fit(cal: Calibration, path: Path, plot: Callable[..., None]) -> None:
+    """Step time predicted against measured, before and after calibration (`plot` is validate's plotter,
+    passed in so calibrate stays below validate)."""
+    rows = [row for row in cal.result.table if row.measured_step_s]
+    plot([row.predicted_step_s_after for row in rows], [row.measured_step_s for row in rows], path,
+         labels=[Path(row.source).name for row in rows], before=[row.predicted_step_s_before for row in rows],
+         title=f"calibration of {cal.profile.hardware}")
