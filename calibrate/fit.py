@@ -57,7 +57,11 @@ PARAM_SPECS: dict[str, ParamSpec] = {
     "runtime_reserved_bytes": ParamSpec(0.0, 64 * 2**30, log=False, scale=2**30),
     "optimizer_bytes_per_param": ParamSpec(16.0, 300.0, log=True),
     "host_optimizer_params_per_s": ParamSpec(1e6, 1e11, log=True),
+    "fp32_compute_scale": ParamSpec(1e-3, 10.0, log=True),
+    "fp16_compute_scale": ParamSpec(1e-3, 10.0, log=True),
+    "bf16_compute_scale": ParamSpec(1e-3, 10.0, log=True),
 }
+_SCALES = ("fp32_compute_scale", "fp16_compute_scale", "bf16_compute_scale")
 MEMORY_PARAMS = frozenset({"allocator_slack_fraction", "runtime_reserved_bytes"})
 # A parameter that moves no prediction by 0.1% when it changes by a factor e (or by one unit of scale)
 # cannot be told apart from noise: it is left at its base value.
@@ -299,6 +303,18 @@ def _hardware_name(measurements: list[Measurement]) -> str:
     return names[0]
 
 
+def _identifiable(names: list[str], measurements: Sequence[Measurement]) -> list[str]:
+    """The compute curve and a per-precision scale move step time alike: the most measured precision is the
+    reference (its scale stays as it is) and only the others' scales are fitted, relative to it."""
+    counts: dict[str, int] = {}
+    for m in measurements:
+        if m.status == "ok":
+            counts[m.config.precision] = counts.get(m.config.precision, 0) + 1
+    reference = max(counts, key=lambda p: counts[p], default="fp32")
+    return [n for n in names if n not in _SCALES or (n != f"{reference}_compute_scale"
+                                                      and n.split("_")[0] in counts)]
+
+
 def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
         params: Sequence[str] = tuple(PARAM_SPECS)) -> FitResult:
     """Fit `params` of `base` to measurements of one hardware kind; see the module docstring."""
@@ -311,7 +327,7 @@ def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
     _hardware_name(measurements)
     cases = _cases(measurements)
     hw = cases[0].job.cluster.hardware
-    names = list(params)
+    names = _identifiable(list(params), measurements)
     x0 = np.array([_to_x(n, _start_value(n, base, hw)) for n in names])
     names, skipped = _sensitive(cases, base, names, x0)
     x0 = np.array([_to_x(n, _start_value(n, base, hw)) for n in names])
