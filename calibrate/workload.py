@@ -48,6 +48,7 @@ __all__ = ["GPT", "build_model", "parse_args", "main"]
 
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 DROPOUT_P = 0.1  # GPT-2's resid_pdrop / attn_pdrop
+INIT_STD = 0.02  # GPT-2's initializer_range
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -96,6 +97,15 @@ class Block(nn.Module):
         return x + F.dropout(self._mlp(self.norm2(x)), p, self.training)
 
 
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation, N(0, 0.02) weights and zero biases (Radford et al. 2019; HF GPT2 _init_weights),
+    so that losses and 16-bit activations have the magnitudes of real training."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class GPT(nn.Module):
     """Embeddings, blocks, final norm and head as ModelSpec.tensors() lists them; loss on next tokens."""
 
@@ -117,6 +127,7 @@ class GPT(nn.Module):
         self.pooler = nn.Linear(h, h) if spec.head == "pooler" else None
         self.checkpoint_blocks = checkpoint_blocks
         self.dropout_p = DROPOUT_P if spec.dropout else 0.0
+        self.apply(_init_weights)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids)
@@ -146,6 +157,19 @@ class GPT(nn.Module):
 
 def build_model(spec: ModelSpec, checkpoint_blocks: bool = False) -> GPT:
     return GPT(spec, checkpoint_blocks)
+
+
+def _init_partitioned(model: nn.Module) -> None:
+    """Under zero.Init each module's parameters are partitioned as soon as it is built, so GPT's own
+    initialisation saw empty shards: gather each module's tensors, initialise them on rank 0, re-partition."""
+    import deepspeed
+    import deepspeed.comm as dist
+    for module in model.modules():
+        params = list(module.parameters(recurse=False))
+        if params:
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                if dist.get_rank() == 0:
+                    _init_weights(module)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -259,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     with deepspeed.zero.Init(config_dict_or_path=cfg, enabled=stage == 3):
         model = build_model(spec, checkpoint_blocks="activation_checkpointing" in cfg)
+    if stage == 3:
+        _init_partitioned(model)
     optimizer = None if "optimizer" in cfg else torch.optim.AdamW(model.parameters(), lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=model.parameters(),
                                       config=cfg)
