@@ -1,0 +1,192 @@
+"""What one `tune` experiment runs: the user's command split into script, arguments and ds_config, the
+arguments rewritten per `autotuning.arg_mappings`, and the experiment's ds_config.
+
+Commands stay argument lists from the user's shell to the launcher: nothing here joins or parses a shell
+string, so a user argument can never become a command.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from predictor import DSConfig, to_ds_config
+from predictor.dsconfig import AutotuningConfig
+
+__all__ = ["UserCommand", "read_hostfile", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
+           "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS"]
+
+DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
+"""How scripts receive the config path: deepspeed.add_config_arguments' --deepspeed_config, or the Hugging Face
+Trainer's --deepspeed PATH (DeepSpeed's scheduler looks for the same two, autotuning/scheduler.py)."""
+BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+"""The ds_config keys a tuned experiment changes that scripts also take from their own arguments."""
+_BATCH_FLAG = re.compile(r"^--?[\w-]*(batch[_-]?size|micro[_-]?batch)[\w-]*(=.*)?$", re.IGNORECASE)
+_ACCUM_FLAG = re.compile(r"^--?[\w-]*(accumulation|grad[_-]?accum)[\w-]*(=.*)?$", re.IGNORECASE)
+_NOT_TRAINING = re.compile(r"eval|valid|test|infer", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class UserCommand:
+    """`user_script.py --deepspeed ds_config.json <user args>`, taken apart."""
+
+    script: Path
+    args: tuple[str, ...]
+    """The user's arguments without the config flag and its path (the experiment's config path is added)."""
+    ds_config_flag: str
+    """The flag the script reads the config path from, kept as the user wrote it."""
+    ds_config_path: Path
+
+
+def _flag_value(argv: list[str], i: int) -> str | None:
+    """The value given to argv[i] (`--flag value` or `--flag=value`), or None when it has none."""
+    if "=" in argv[i]:
+        return argv[i].split("=", 1)[1]
+    if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+        return argv[i + 1]
+    return None
+
+
+def split_user_command(script: str | Path, argv: Sequence[str]) -> UserCommand:
+    """Find the ds_config path among the user's arguments. `--deepspeed` with no path after it is
+    deepspeed.add_config_arguments' on/off switch and stays; the path then comes from --deepspeed_config."""
+    argv = list(argv)
+    for flag in DS_CONFIG_FLAGS:
+        for i, arg in enumerate(argv):
+            if arg != flag and not arg.startswith(flag + "="):
+                continue
+            value = _flag_value(argv, i)
+            if value is None:
+                continue
+            rest = argv[:i] + argv[i + (1 if "=" in arg else 2):]
+            return UserCommand(Path(script), tuple(rest), flag, Path(value))
+    raise ValueError(f"no ds_config among the arguments of {script}: pass it as `--deepspeed ds_config.json` "
+                     f"(or --deepspeed_config), as for deepspeed --autotuning")
+
+
+def _config_value(doc: Mapping[str, Any], key: str) -> Any:
+    """A key's value at the top level or in any section, as DeepSpeed's get_val_by_key finds it."""
+    if key in doc:
+        return doc[key]
+    for value in doc.values():
+        if isinstance(value, Mapping):
+            found = _config_value(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def rewrite_args(args: Sequence[str], arg_mappings: Mapping[str, str] | None,
+                 ds_config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The user's arguments with each mapped flag set to the experiment's ds_config value (replaced where the
+    user gave it, appended otherwise), as DeepSpeed's scheduler rewrites them; "auto" values are left alone."""
+    out = list(args)
+    for key, flag in (arg_mappings or {}).items():
+        key, flag = key.strip(), flag.strip()
+        value = _config_value(ds_config, key)
+        if value is None or str(value) == "auto":
+            continue
+        for i, arg in enumerate(out):
+            if arg.startswith(flag + "="):
+                out[i] = f"{flag}={value}"
+                break
+            if arg == flag and i + 1 < len(out):
+                out[i + 1] = str(value)
+                break
+        else:
+            out += [flag, str(value)]
+    return tuple(out)
+
+
+def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Mapping[str, str] | None) -> None:
+    """Refuse a tune whose experiments would silently run the user's batch instead of the tuned one: the config
+    says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
+    a batch-size flag, and arg_mappings does not say which flag to rewrite."""
+    mapped = set((arg_mappings or {}).keys())
+    for key, pattern in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG)):
+        if key in mapped:
+            continue
+        flags = [a.split("=", 1)[0] for a in args if pattern.match(a) and not _NOT_TRAINING.search(a)]
+        if doc.get(key) == "auto" or flags:
+            flag = flags[0] if flags else "--per_device_train_batch_size"
+            where = f"the script takes {flags[0]}" if flags else f"ds_config {key} is \"auto\""
+            raise ValueError(f"{where} but autotuning.arg_mappings has no {key}: add \"arg_mappings\": "
+                             f"{{\"{key}\": \"{flag}\"}} so each experiment runs its own batch")
+
+
+def experiment_ds_config(cfg: DSConfig, world_size: int, autotuning: AutotuningConfig) -> dict[str, Any]:
+    """The ds_config an experiment runs: the configuration, with DeepSpeed's engine measuring itself between
+    start_profile_step and end_profile_step and exiting (runtime/engine.py _autotuning_exit); the launcher
+    points metric_path into the experiment's folder."""
+    doc = to_ds_config(cfg, world_size)
+    doc["autotuning"] = {"enabled": True, "start_profile_step": autotuning.start_profile_step,
+                         "end_profile_step": autotuning.end_profile_step, "metric": autotuning.metric}
+    return doc
+
+
+def optimal_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
+    """The ds_config to train with: the configuration, autotuning switched off (DeepSpeed removes the section)."""
+    doc = to_ds_config(cfg, world_size)
+    doc.pop("autotuning", None)
+    return doc
+
+
+# -- resources and model information ----------------------------------------------------------------------
+
+def read_hostfile(path: Path) -> list[tuple[str, int]]:
+    """(host, slots) per line of a DeepSpeed hostfile ('worker-0 slots=8'; '#' starts a comment)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--hostfile {path}: cannot read it ({exc.strerror}); give a readable DeepSpeed "
+                         f"hostfile of 'host slots=N' lines") from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+        if match is None or int(match.group(2)) < 1:
+            raise ValueError(f"--hostfile {path}:{number}: {line!r} is not 'host slots=N' with N >= 1; fix the line")
+        hosts.append((match.group(1), int(match.group(2))))
+    if not hosts:
+        raise ValueError(f"--hostfile {path}: no 'host slots=N' line; list at least one host")
+    return hosts
+
+
+def model_info_ds_config(cfg: DSConfig, world_size: int, info_path: Path) -> dict[str, Any]:
+    """A ds_config whose engine counts the parameters, measures one forward's activation memory, writes
+    them to info_path and exits (DeepSpeed's model_info profile, runtime/engine.py)."""
+    doc = to_ds_config(cfg, world_size)
+    doc["autotuning"] = {"enabled": True, "model_info": {"profile": True}, "model_info_path": str(info_path)}
+    return doc
+
+
+GPT2_VOCAB = 50257
+HEAD_DIM = 64
+WIDTH_PER_LAYER = 64
+"""GPT-2 small's shape (768 wide, 12 layers, heads of 64; Radford et al. 2019, Table 2): the aspect the
+shape derived from a parameter count keeps."""
+
+
+def model_from_num_params(num_params: int, name: str, source: str) -> dict[str, Any]:
+    """A GPT-2-shaped model YAML document with about `num_params` parameters, for a script that only tells
+    its parameter count (DeepSpeed's model_info profile). Per layer 12 h^2 (attention 4 h^2, MLP 8 h^2) plus
+    the tied embedding V h; width h = 64 x layers as GPT-2 small, rounded to whole heads; the vocabulary
+    is GPT-2's unless the embedding would then hold more than half of the parameters (small models)."""
+    if num_params < 1:
+        raise ValueError(f"model_info num_params must be positive, got {num_params}")
+    best: tuple[float, int, int, int] | None = None
+    for layers in range(1, 257):
+        width = max(HEAD_DIM, round(WIDTH_PER_LAYER * layers / HEAD_DIM) * HEAD_DIM)
+        vocab = GPT2_VOCAB if GPT2_VOCAB * width <= num_params / 2 else max(HEAD_DIM, num_params // (2 * width))
+        count = 12 * layers * width * width + vocab * width
+        error = abs(count - num_params) / num_params
+        if best is None or error < best[0]:
+            best = (error, layers, width, vocab)
+    _, layers, width, vocab = best  # type: ignore[misc]
+    return {"name": name, "num_layers": layers, "hidden_size": width, "num_heads": width // HEAD_DIM, "num_kv_heads": width // HEAD_DIM,
+            "ffn_hidden_size": 4 * width, "vocab_size": int(vocab), "max_position_embeddings": 8192,
+            "position_embedding": "rotary", "tied_embeddings": True, "source": source}

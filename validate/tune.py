@@ -1,0 +1,505 @@
+"""`zerotune tune`: DeepSpeed's `--autotuning tune|run`, but it runs only the configurations the model ranks
+best and stops as soon as measurement settles the race.
+
+    zerotune tune [--run] [--num_gpus N] [--num_nodes M] [--hostfile F] [--top_k K] [--profile P]
+                  [--model M] [--hardware H] [--seq_len S] [--timeout_s T] user_script.py --deepspeed ds.json ...
+
+Workflow: (1) the model from --model, or from one short profiling run of the script (DeepSpeed's
+model_info profile: parameter count -> a GPT-2-shaped ModelSpec, experiments.model_from_num_params);
+(2) rank the whole space (predictor.space reads the ds_config as DeepSpeed's autotuner does, keeping the
+user's zero_optimization, offload included) with the cluster's calibration profile when there is one;
+(3) run the most promising configuration as a real experiment through calibrate.launch (own folder, own
+master port, mapped arguments rewritten, DeepSpeed's engine timing start_profile_step..end_profile_step);
+(4) correct the predictions with what was measured (a refit with calibrate.fit once there are
+REFIT_MIN_MEASUREMENTS, else the measured/predicted step-time ratio) and stop when no remaining
+configuration's optimistic band beats the measured best; never more than top_k (and tuner_num_trials)
+experiments. Each experiment takes the whole --num_gpus x --num_nodes the tuned configuration is for, so
+experiments run one at a time (DeepSpeed's tuner also gives full-size experiments the whole allocation).
+
+Zerotune's own departures: `autotuning.overwrite` defaults to false (DeepSpeed: true), so rerunning an
+interrupted tune resumes it and skips what finished; `metric: latency` is minimised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from calibrate.launch import LaunchSpec, RunResult, deepspeed_command, free_port, launch
+from calibrate.measurement import Measurement, append_jsonl
+from predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
+from predictor.dsconfig import AutotuningConfig, resolve_batch
+from predictor.rank import MAXIMISED, Metric, Ranked, Uncertainty, rank
+from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
+from predictor.units import GIB
+from validate.experiments import (UserCommand, check_arg_mappings, experiment_ds_config, optimal_ds_config,
+                                  read_hostfile, rewrite_args, split_user_command)
+from validate.plan import build_job
+from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary,
+                              load_finished, measured_from_metrics, result_dict, write_json_atomic,
+                              write_text_atomic)
+
+__all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
+           "lr_advice", "REFIT_MIN_MEASUREMENTS", "BUILTIN_SCRIPT"]
+
+Launcher = Callable[[LaunchSpec], RunResult]
+REPO = Path(__file__).resolve().parent.parent
+BUILTIN_SCRIPT = REPO / "calibrate" / "workload.py"
+BUILTIN_MODEL = "zt-gpt-small"
+BUILTIN_SEQ_LEN = 128
+REFIT_MIN_MEASUREMENTS = 3
+"""Finished experiments before the efficiency parameters are refitted: fewer cannot separate compute from
+communication, and the single ratio does better."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    command: UserCommand
+    doc: dict[str, Any]
+    """The user's ds_config as read."""
+    model: str
+    """Catalog name or model file, as Measurement.model records it."""
+    hardware: str
+    num_gpus: int
+    num_nodes: int = 1
+    hostfile: Path | None = None
+    seq_len: int | None = None
+    top_k: int = 3
+    profile: Path | None = None
+    timeout_s: float = 600.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    memory_limit_bytes: int | None = None
+    explore: tuple[str, ...] = EXPLORABLE
+    run_after: bool = False
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    results: tuple[ExperimentResult, ...]
+    best: ExperimentResult | None
+    stop_reason: str
+    layout: Layout
+    optimal_cmd: tuple[str, ...] = ()
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The predictions in force: efficiency parameters and the measured/predicted step-time ratio on top."""
+
+    efficiency: Efficiency
+    uncertainty: Uncertainty
+    step_ratio: float = 1.0
+
+
+def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
+    section = doc.get("autotuning") or {}
+    at = parse_ds_config({"autotuning": section}, world_size=world_size).autotuning
+    if "overwrite" not in section:  # zerotune resumes by default (module docstring)
+        at = replace(at, overwrite=False)
+    if at.end_profile_step < at.start_profile_step:
+        raise ValueError(f"ds_config autotuning.end_profile_step {at.end_profile_step} is before start_profile_step "
+                         f"{at.start_profile_step}; make it at least as large")
+    return at
+
+
+def _load_profile(settings: TuneSettings) -> tuple[Efficiency, Uncertainty]:
+    path = settings.profile or REPO / "data" / "profiles" / f"{settings.hardware}.json"
+    if not Path(path).is_file():
+        if settings.profile is not None:
+            raise ValueError(f"--profile {path}: no such file; give a calibration profile (data/profiles/*.json)")
+        return Efficiency(), Uncertainty()
+    from calibrate.profile import load_profile
+    profile = load_profile(Path(path))
+    if profile.hardware != settings.hardware:
+        warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {settings.hardware}; tuning uncalibrated")
+        return Efficiency(), Uncertainty()
+    rel = profile.uncertainty
+    return profile.efficiency, Uncertainty(rel.step_time_rel, rel.peak_memory_rel or Uncertainty().memory_rel)
+
+
+# -- predictions, corrected by measurement ----------------------------------------------------------------
+
+def _scaled(ranked: Ranked, metric: Metric, ratio: float) -> Prediction:
+    """A ranking entry's prediction with step time multiplied by `ratio` (the band moves with it)."""
+    factor = ratio if not MAXIMISED[metric] else 1.0 / ratio
+    return Prediction(ranked.estimate.time.step_s * ratio, ranked.metric_value * factor, ranked.metric_low * factor,
+                      ranked.metric_high * factor, ranked.estimate.memory.total_bytes)
+
+
+def _candidates(job: Job, space: SearchSpace, model: _Model, metric: Metric, done: set[str],
+                want: int) -> list[tuple[DSConfig, Prediction]]:
+    """Up to `want` configurations not yet run, best predicted first."""
+    top = len(done) + want
+    while True:
+        ranking = rank(job, space, model.efficiency, metric, top, 0.0, model.uncertainty)
+        fresh = [(r.estimate.config, _scaled(r, metric, model.step_ratio)) for r in ranking.entries
+                 if experiment_name(r.estimate.config) not in done]
+        if len(fresh) >= want or len(ranking.entries) < top:
+            return fresh[:want]
+        top *= 4
+
+
+def _nothing_fits(job: Job, space: SearchSpace, model: _Model) -> ValueError:
+    least = rank(job, space, model.efficiency, "throughput", 1, 0.0, model.uncertainty).least_memory
+    return ValueError(f"no configuration of the space fits {job.cluster.hardware.name} "
+                      f"({least.memory.capacity_bytes / GIB:.1f} GiB): the least memory is "
+                      f"{least.memory.total_bytes / GIB:.1f} GiB ({experiment_name(least.config)}); widen the space "
+                      f"(stage 3, offload, checkpointing, smaller micro-batches), add GPUs or shorten --seq_len")
+
+
+def _measurement(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
+    ok = result.status == "ok"
+    return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
+                       num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
+                       status=result.status, step_s=result.step_s if ok else None,
+                       throughput_samples_per_s=result.throughput_samples_per_s if ok else None,
+                       source=str(layout.run_dir(result.name)), reason=result.reason)
+
+
+def _corrected(base: _Model, job: Job, measurements: Sequence[Measurement]) -> _Model:
+    """Refit on enough measurements, then the geometric mean of measured / predicted step time on top."""
+    from predictor import estimate
+    ok = [m for m in measurements if m.status == "ok" and m.step_s]
+    if not ok:
+        return base
+    eff = base.efficiency
+    if len(ok) >= REFIT_MIN_MEASUREMENTS:
+        from calibrate.fit import fit
+        try:
+            eff = fit(measurements, base=base.efficiency).efficiency
+        except (ValueError, RuntimeError) as exc:  # a fit that fails keeps the ratio correction alone
+            warnings.warn(f"refit skipped: {exc}")
+    logs = [math.log(m.step_s / estimate(job, m.config, eff).time.step_s) for m in ok]  # type: ignore[operator]
+    return _Model(eff, base.uncertainty, math.exp(sum(logs) / len(logs)))
+
+
+def _beats(prediction: Prediction, best: ExperimentResult, metric: Metric) -> bool:
+    """Whether the prediction's optimistic end beats the measured best."""
+    assert best.metric_value is not None
+    if MAXIMISED[metric]:
+        return prediction.metric_high > best.metric_value
+    return prediction.metric_low < best.metric_value
+
+
+# -- one experiment ----------------------------------------------------------------------------------------
+
+def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str]) -> LaunchSpec:
+    return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
+                      timeout_s=settings.timeout_s, script_args=tuple(args), num_gpus=settings.num_gpus,
+                      num_nodes=settings.num_nodes if settings.hostfile else None, hostfile=settings.hostfile,
+                      env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
+                      ds_config_flag=settings.command.ds_config_flag)
+
+
+def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, metric: Metric) -> ExperimentResult:
+    if run.status != "ok" or run.metrics is None:
+        return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
+    from predictor import estimate
+    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * job.cluster.world_size // cfg.mp_size
+    flops = estimate(job, cfg).time.model_flops_per_gpu
+    try:
+        step_s, throughput, value = measured_from_metrics(run.metrics, samples, flops, metric)
+    except ValueError as exc:
+        return ExperimentResult(name, cfg, prediction, "failed", str(exc), wall_s=run.wall_s)
+    return ExperimentResult(name, cfg, prediction, "ok", "", value, step_s, throughput, run.wall_s)
+
+
+def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
+                   cfg: DSConfig, prediction: Prediction, launcher: Launcher) -> ExperimentResult:
+    """Run one configuration (or read back its earlier result) and record it in the layout."""
+    name, world = experiment_name(cfg), job.cluster.world_size
+    if not at.overwrite:
+        finished = load_finished(layout, name, world)
+        if finished is not None:
+            return finished
+    ds_config = experiment_ds_config(cfg, world, at)
+    run_dir = layout.run_dir(name)
+    exp = exp_document(name, exp_id, ds_config, job.cluster.num_gpus_per_node, job.cluster.num_nodes, run_dir,
+                       prediction)
+    write_json_atomic(layout.exp_path(name), exp)
+    args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
+    exp.update(user_script=str(settings.command.script), user_args=list(args))
+    write_json_atomic(run_dir / "exp.json", exp)  # no result yet: an interrupted experiment is rerun
+    try:
+        run = launcher(_launch_spec(settings, ds_config, run_dir, args))
+    except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
+        run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
+    result = _result(name, cfg, prediction, run, job, at.metric)
+    write_json_atomic(run_dir / "exp.json", {**exp, "result": result_dict(result)})
+    return result
+
+
+# -- the loop ------------------------------------------------------------------------------------------------
+
+def _search(settings: TuneSettings, job: Job, space: SearchSpace, at: AutotuningConfig, layout: Layout,
+            model: _Model, launcher: Launcher, log: Callable[[str], None],
+            results: list[ExperimentResult]) -> str:
+    """Run experiments into `results` until the stopping rule or the budget ends it; returns why it stopped."""
+    metric, budget = at.metric, min(settings.top_k, at.tuner_num_trials)
+    done: set[str] = set()
+    while len(results) < budget:
+        fresh = _candidates(job, space, model, metric, done, 1)
+        if not fresh:
+            return f"stopped: the space has no configuration left to run ({len(results)} run)"
+        cfg, prediction = fresh[0]
+        best = best_result(results, metric)
+        if best is not None and not _beats(prediction, best, metric):
+            return (f"stopped: the best remaining prediction ({experiment_name(cfg)}, {metric} at best "
+                    f"{prediction.metric_high if MAXIMISED[metric] else prediction.metric_low:.4g}) cannot beat "
+                    f"the measured {best.metric_value:.4g} of {best.name} within its uncertainty")
+        log(f"zerotune tune: experiment {len(results) + 1}/{budget} {experiment_name(cfg)} (predicted {metric} "
+            f"{prediction.metric_value:.4g}, band {prediction.metric_low:.4g}-{prediction.metric_high:.4g})")
+        result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher)
+        log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
+            + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
+        results.append(result)
+        done.add(result.name)
+        model = _corrected(model, job, [_measurement(settings, job, r, layout) for r in results])
+    return f"stopped: the budget of {budget} experiments (top_k {settings.top_k}, tuner_num_trials " \
+           f"{at.tuner_num_trials}) is spent"
+
+
+def _optimal_cmd(settings: TuneSettings, layout: Layout, best: ExperimentResult, at: AutotuningConfig,
+                 world_size: int) -> list[str]:
+    doc = optimal_ds_config(best.config, world_size)
+    args = rewrite_args(settings.command.args, at.arg_mappings, doc)
+    spec = _launch_spec(settings, doc, layout.results_dir, args)
+    cmd = deepspeed_command(spec)
+    cmd[-1] = str(layout.optimal_config.resolve())  # the optimal config, not an experiment's
+    return cmd
+
+
+def _write_outputs(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout,
+                   results: Sequence[ExperimentResult], stop_reason: str, duration_s: float) -> tuple[str, ...]:
+    """summary.txt, measurements.jsonl, the optimal config and command, and the plots, all atomically."""
+    write_text_atomic(layout.summary, format_summary(results, at.metric, duration_s, stop_reason))
+    tmp = layout.measurements.with_name(layout.measurements.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    append_jsonl(tmp, [_measurement(settings, job, r, layout) for r in results])
+    os.replace(tmp, layout.measurements)
+    best = best_result(results, at.metric)
+    if best is None:
+        return ()
+    write_json_atomic(layout.optimal_config, optimal_ds_config(best.config, job.cluster.world_size))
+    cmd = _optimal_cmd(settings, layout, best, at, job.cluster.world_size)
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(settings.env.items())]
+    write_text_atomic(layout.optimal_cmd, " ".join(env + [shlex.join(cmd)]) + "\n")
+    return tuple(cmd)
+
+
+def _plots(job: Job, space: SearchSpace, model: _Model, results: Sequence[ExperimentResult], layout: Layout) -> None:
+    try:
+        from predictor.rank import evaluate_space
+        from validate.plots import plot_predicted_vs_measured, plot_space
+        plot_space(job, evaluate_space(job, space, model.efficiency), layout.results_dir / "space.png",
+                   model.efficiency)
+        ok = [r for r in results if r.status == "ok" and r.step_s]
+        if ok:
+            plot_predicted_vs_measured([r.prediction.step_s for r in ok], [r.step_s for r in ok],  # type: ignore[misc]
+                                       layout.results_dir / "predicted_vs_measured.png",
+                                       labels=[r.name for r in ok], title="tune experiments: step time")
+    except ImportError as exc:  # matplotlib is optional at run time
+        warnings.warn(f"plots skipped: {exc}")
+
+
+def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print) -> TuneOutcome:
+    """Rank, run the most promising experiments, write the results folder; see the module docstring."""
+    start = time.monotonic()
+    world = settings.num_nodes * settings.num_gpus
+    at = autotuning_of(settings.doc, world)
+    check_arg_mappings(settings.doc, settings.command.args, at.arg_mappings)
+    job = build_job(settings.model, settings.hardware, settings.num_nodes, settings.num_gpus, settings.seq_len)
+    space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
+                                 explore=settings.explore)
+    model = _Model(*_load_profile(settings))
+    if not _candidates(job, space, model, at.metric, set(), 1):
+        raise _nothing_fits(job, space, model)
+    layout = Layout(Path(at.results_dir), Path(at.exps_dir))
+    results: list[ExperimentResult] = []
+    try:
+        stop_reason = _search(settings, job, space, at, layout, model, launcher, log, results)
+    except KeyboardInterrupt:  # the launcher has killed its ranks; leave a consistent folder, then stop
+        _write_outputs(settings, job, at, layout, results, "interrupted (Ctrl-C): rerun to resume",
+                       time.monotonic() - start)
+        raise
+    duration_s = time.monotonic() - start
+    cmd = _write_outputs(settings, job, at, layout, results, stop_reason, duration_s)
+    _plots(job, space, model, results, layout)
+    return TuneOutcome(tuple(results), best_result(results, at.metric), stop_reason, layout, cmd, duration_s)
+
+
+def lr_advice(doc: Mapping[str, Any], best: DSConfig, world_size: int) -> str | None:
+    """What to do with the learning rate when the tuned global batch differs from the user's: Adam-family
+    optimizers scale it with the square root of the batch ratio, SGD linearly (Goyal et al. 2017; Malladi
+    et al. 2022), as DeepSpeed's autotuning documentation advises."""
+    try:
+        micro, gas = resolve_batch({k: v for k, v in doc.items() if k in ("train_batch_size",
+                                   "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+                                    and isinstance(v, int)}, world_size // best.mp_size)
+    except ValueError:
+        return None
+    old = micro * gas * world_size // best.mp_size
+    new = best.train_micro_batch_size_per_gpu * best.gradient_accumulation_steps * world_size // best.mp_size
+    if old == new:
+        return None
+    sgd = best.optimizer == "sgd"
+    factor = new / old if sgd else math.sqrt(new / old)
+    lr = ((doc.get("optimizer") or {}).get("params") or {}).get("lr")
+    target = f" ({lr:g} -> {lr * factor:.3g})" if isinstance(lr, (int, float)) else ""
+    rule = "linearly (SGD)" if sgd else "with the square root of the batch ratio (Adam-family optimizers)"
+    return (f"the tuned global batch is {new} samples, yours was {old}: scale the learning rate {rule}, "
+            f"x{factor:.3g}{target}, and re-check warm-up; convergence is yours to verify")
+
+
+# -- the command line --------------------------------------------------------------------------------------
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `tune` verb's arguments; everything after the script belongs to the script."""
+    p = parser
+    p.add_argument("--run", action="store_true", help="then train with the optimal configuration")
+    p.add_argument("--num_gpus", type=int, help="devices per node, as deepspeed's (default: the hostfile's "
+                                                "slots, else the hardware catalog's devices per node)")
+    p.add_argument("--num_nodes", type=int, help="nodes (default: the hostfile's hosts, else 1)")
+    p.add_argument("--hostfile", type=Path, help="DeepSpeed hostfile ('host slots=N' lines); one node needs none")
+    p.add_argument("--top_k", type=int, default=3, help="most experiments to run (default 3; "
+                                                        "autotuning.tuner_num_trials caps it too)")
+    p.add_argument("--profile", type=Path, help="calibration profile (default: data/profiles/<hardware>.json "
+                                                "when it exists)")
+    p.add_argument("--model", help="catalog name, model YAML or config.json (default: one profiling run of "
+                                   f"the script; {BUILTIN_MODEL} for the built-in workload)")
+    p.add_argument("--hardware", help="catalog name or YAML (default: cpu when DS_ACCELERATOR=cpu or no "
+                                      "nvidia-smi is on PATH)")
+    p.add_argument("--seq_len", type=int, help=f"tokens per sample the script trains on (built-in: {BUILTIN_SEQ_LEN})")
+    p.add_argument("--timeout_s", type=float, default=600.0, help="seconds before an experiment counts as hung")
+    p.add_argument("--memory_cap_gib", type=float, help="per-process address-space cap for experiments (RLIMIT_AS)")
+    p.add_argument("--explore", default=",".join(EXPLORABLE),
+                   help="what the space may add that the ds_config does not set: offload,checkpointing or none")
+    p.add_argument("--deepspeed", dest="tune_ds_config", metavar="DS_CONFIG",
+                   help="the ds_config, when no script is given (the built-in workload, calibrate/workload.py)")
+    p.add_argument("script", nargs="?", help="the training script (default: the built-in workload)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments, --deepspeed ds.json among them")
+
+
+def _read_doc(path: Path) -> dict[str, Any]:
+    import json
+    if not path.is_file():
+        raise ValueError(f"--deepspeed {path}: no such file; give the path of an existing ds_config.json")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--deepspeed {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--deepspeed {path}: a ds_config must be a JSON object")
+    return doc
+
+
+def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | None]:
+    """(the command, the model, the sequence length): the user's, or the built-in workload's."""
+    if args.script is None:
+        if not args.tune_ds_config:
+            raise ValueError("give a training script and its --deepspeed ds_config.json, or --deepspeed "
+                             "ds_config.json alone to tune the built-in workload")
+        path = Path(args.tune_ds_config)
+        at = autotuning_of(_read_doc(path), 1)
+        model, seq_len = args.model or BUILTIN_MODEL, args.seq_len or BUILTIN_SEQ_LEN
+        script_args = ("--model", model, "--seq_len", str(seq_len), "--steps", str(at.end_profile_step + 1),
+                       "--warmup", "0")
+        return UserCommand(BUILTIN_SCRIPT, script_args, "--deepspeed_config", path), model, seq_len
+    if not Path(args.script).is_file():
+        raise ValueError(f"training script {args.script}: no such file; give the path of the script to tune")
+    return split_user_command(args.script, args.script_args), args.model, args.seq_len
+
+
+def _default_hardware() -> str:
+    if os.environ.get("DS_ACCELERATOR") == "cpu" or shutil.which("nvidia-smi") is None:
+        return "cpu"
+    raise ValueError("which GPU is this? give --hardware (a data/hardware name or YAML)")
+
+
+def _positive(value: float | None, flag: str) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{flag} must be positive, got {value:g}")
+
+
+def settings_from_args(args: argparse.Namespace) -> TuneSettings:
+    """Validated settings; the model stays empty when it must come from a profiling run."""
+    for flag in ("num_gpus", "num_nodes", "top_k", "seq_len", "timeout_s", "memory_cap_gib"):
+        _positive(getattr(args, flag), f"--{flag}")
+    command, model, seq_len = _command(args)
+    doc = _read_doc(command.ds_config_path)
+    hardware = args.hardware or _default_hardware()
+    from predictor import load_hardware
+    hw = load_hardware(hardware)
+    hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    if hosts is None and (args.num_nodes or 1) > 1:
+        raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
+    num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
+    num_gpus = args.num_gpus or (min(s for _, s in hosts) if hosts else hw.num_devices_per_node)
+    env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
+    explore = tuple(i.strip() for i in args.explore.split(",") if i.strip() not in ("", "none"))
+    return TuneSettings(command, doc, model or "", hardware, num_gpus, num_nodes, args.hostfile, seq_len,
+                        args.top_k, args.profile, args.timeout_s, env,
+                        int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run)
+
+
+def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> str:
+    """One short run of the script with DeepSpeed's model_info profile; the parameter count it reports becomes
+    a model YAML in the results folder (experiments.model_from_num_params) whose path is returned."""
+    import json
+    import yaml
+    from validate.experiments import model_from_num_params, model_info_ds_config
+    world = settings.num_nodes * settings.num_gpus
+    at = autotuning_of(settings.doc, world)
+    space = space_from_ds_config(settings.doc, world_size=world, explore=())
+    cfg = space.variants[0].replace(train_micro_batch_size_per_gpu=min(space.micro_batches))
+    run_dir = Path(at.results_dir) / "model_info"
+    info_path = (run_dir / "model_info.json").resolve()
+    info_path.unlink(missing_ok=True)
+    run = launcher(_launch_spec(settings, model_info_ds_config(cfg, world, info_path), run_dir, settings.command.args))
+    try:
+        info = json.loads(info_path.read_text())
+        num_params = int(info["num_params"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"the profiling run of {settings.command.script} reported no parameter count ({run.status}"
+                         f"{': ' + run.reason if run.reason else ''}; see {run_dir}); give --model") from None
+    source = f"derived by zerotune tune from DeepSpeed's model_info profile: num_params {num_params} ({info_path})"
+    doc = model_from_num_params(num_params, f"profiled-{settings.command.script.stem}", source)
+    path = Path(at.results_dir) / "model_profiled.yaml"
+    write_text_atomic(path, yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """The `tune` verb: 0 when a configuration was measured (and --run trained), 1 when none finished,
+    130 on Ctrl-C; user mistakes raise ValueError (the CLI prints one line and exits 2)."""
+    settings = settings_from_args(args)
+    try:
+        if not settings.model:
+            settings = replace(settings, model=profile_model(settings))
+        outcome = tune(settings)
+    except KeyboardInterrupt:
+        print("zerotune tune: interrupted; every rank was stopped. Rerun the same command to resume.", file=sys.stderr)
+        return 130
+    print(outcome.layout.summary.read_text())
+    if outcome.best is None:
+        print(f"zerotune tune: no experiment finished; see {outcome.layout.summary}", file=sys.stderr)
+        return 1
+    print(f"zerotune tune: optimal {outcome.best.name} ({outcome.best.metric_value:.4g}); wrote "
+          f"{outcome.layout.optimal_config} and {outcome.layout.optimal_cmd}")
+    advice = lr_advice(settings.doc, outcome.best.config, settings.num_nodes * settings.num_gpus)
+    if advice:
+        print(f"zerotune tune: {advice}")
+    if not settings.run_after:
+        return 0
+    return subprocess.call(list(outcome.optimal_cmd), env={**os.environ, **settings.env})
