@@ -1,0 +1,270 @@
+"""validate.tune with a fake launcher: the stopping rule, the budget, resume and overwrite, arg_mappings,
+latency minimised, the results layout, failures recorded, learning-rate advice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from calibrate.launch import LaunchSpec, RunResult
+from calibrate.measurement import read_jsonl
+from predictor import experiment_name, parse_ds_config
+from predictor.rank import rank
+from predictor.space import space_from_ds_config
+from validate.experiments import (UserCommand, check_arg_mappings, model_from_num_params, read_hostfile,
+                                  rewrite_args, split_user_command)
+from validate.plan import build_job
+from validate.results import ExperimentResult, Prediction, best_result, measured_from_metrics
+from validate.tune import (BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, lr_advice, settings_from_args, tune)
+
+TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
+WORLD = 2
+SEQ_LEN = 32
+
+
+def _name(spec: LaunchSpec) -> str:
+    return experiment_name(parse_ds_config({k: v for k, v in spec.ds_config.items() if k != "autotuning"},
+                                           world_size=WORLD))
+
+
+class FakeLauncher:
+    """Answers each experiment like calibrate.launch would: metrics in the run folder, or a failure."""
+
+    def __init__(self, step_s: Callable[[dict], float] = lambda d: 0.01 * d["train_micro_batch_size_per_gpu"] ** 0.5,
+                 outcomes: dict[str, object] | None = None) -> None:
+        self.step_s, self.outcomes, self.calls = step_s, outcomes or {}, []
+
+    def __call__(self, spec: LaunchSpec) -> RunResult:
+        name = _name(spec)
+        self.calls.append((name, spec))
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        for log in ("stdout.log", "stderr.log"):
+            (spec.run_dir / log).write_text("")
+        outcome = self.outcomes.get(name)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if isinstance(outcome, tuple):
+            return RunResult(outcome[0], outcome[1], None, 1.0, spec.run_dir, None)
+        step = self.step_s(spec.ds_config)
+        metrics = {"throughput": spec.ds_config["train_batch_size"] / step, "latency": step * 1e6}
+        (spec.run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return RunResult("ok", "", 0, 1.0, spec.run_dir, metrics)
+
+
+def _settings(tmp_path: Path, micro: list[int], stages: list[int], top_k: int = 3, args: tuple[str, ...] = (),
+              **autotuning) -> TuneSettings:
+    doc = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": {"stage": stages},
+           "autotuning": {"fast": True, "results_dir": str(tmp_path / "results"), "exps_dir": str(tmp_path / "exps"),
+                          "start_profile_step": 1, "end_profile_step": 2, **autotuning}}
+    command = UserCommand(BUILTIN_SCRIPT, args, "--deepspeed_config", tmp_path / "ds.json")
+    return TuneSettings(command, doc, TINY, "cpu", WORLD, seq_len=SEQ_LEN, top_k=top_k, explore=())
+
+
+def _predicted(settings: TuneSettings) -> dict[str, float]:
+    job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
+    space = space_from_ds_config(settings.doc, world_size=WORLD, hidden_size=job.model.hidden_size, explore=())
+    return {experiment_name(r.estimate.config): r.metric_value for r in rank(job, space, top=None).entries}
+
+
+# -- the tuner's rules ---------------------------------------------------------------------------------------
+
+def test_stops_when_no_remaining_band_can_beat_the_measured_best(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [1, 16], [0], top_k=3)
+    predicted = _predicted(settings)
+    # precondition: micro-batch 1 is predicted below the 30% band of micro-batch 16 (uncalibrated Uncertainty)
+    assert predicted["z0_gas1_tmbspg1"] / (1 - 0.3) < predicted["z0_gas1_tmbspg16"]
+    launcher = FakeLauncher(step_s=lambda d: 0.01 * d["train_micro_batch_size_per_gpu"] ** 0.5)
+    outcome = tune(settings, launcher, log=lambda _: None)
+    assert [name for name, _ in launcher.calls] == ["z0_gas1_tmbspg16"]
+    assert "cannot beat" in outcome.stop_reason
+
+
+def test_a_close_race_runs_the_next_and_the_budget_is_never_exceeded(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0, 1], top_k=2)
+    launcher = FakeLauncher()
+    outcome = tune(settings, launcher, log=lambda _: None)
+    assert len(launcher.calls) == 2 and "budget of 2" in outcome.stop_reason
+    capped = _settings(tmp_path / "capped", [6, 7, 8], [0, 1], top_k=5, tuner_num_trials=1)
+    launcher = FakeLauncher()
+    tune(capped, launcher, log=lambda _: None)
+    assert len(launcher.calls) == 1  # tuner_num_trials caps top_k
+
+
+def test_optimal_config_is_the_measured_best_not_the_predicted_best(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
+    first = max(_predicted(settings), key=_predicted(settings).get)
+    slow_first = FakeLauncher(step_s=lambda d: 1.0 if d["train_micro_batch_size_per_gpu"] == 8 else 0.01)
+    outcome = tune(settings, slow_first, log=lambda _: None)
+    assert first == "z0_gas1_tmbspg8" and outcome.best is not None and outcome.best.name != first
+    optimal = json.loads((tmp_path / "results" / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == outcome.best.config.train_micro_batch_size_per_gpu
+    assert "autotuning" not in optimal  # DeepSpeed's write_optimal_config drops the section too
+
+
+def test_latency_is_minimised(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3, metric="latency")
+    outcome = tune(settings, FakeLauncher(step_s=lambda d: 0.1 * d["train_micro_batch_size_per_gpu"]),
+                   log=lambda _: None)
+    measured = {r.name: r.metric_value for r in outcome.results}
+    assert outcome.best is not None and outcome.best.metric_value == min(measured.values())
+    assert outcome.best.metric_value == pytest.approx(0.1 * 6 * 1e3)  # ms per step, as predict reports latency
+
+
+def test_best_result_ignores_failures_and_respects_the_metric_direction() -> None:
+    cfg = parse_ds_config({}, world_size=WORLD)
+    pred = Prediction(1.0, 1.0, 0.5, 2.0, 1.0)
+    results = [ExperimentResult("a", cfg, pred, "ok", metric_value=3.0), ExperimentResult("b", cfg, pred, "ok",
+               metric_value=5.0), ExperimentResult("c", cfg, pred, "oom", "out of memory")]
+    assert best_result(results, "throughput").name == "b"
+    assert best_result(results, "latency").name == "a"
+    assert best_result(results[2:], "throughput") is None
+
+
+def test_deepspeed_engine_metrics_latency_is_microseconds() -> None:
+    # A real 2-rank CPU run of the built-in workload (tiny-gpt, micro-batch 2) wrote, through
+    # runtime/engine.py _autotuning_exit: throughput 290.771 samples/s, latency 13756.5 for a 4-sample step.
+    step_s, throughput, value = measured_from_metrics({"throughput": 290.7713, "latency": 13756.51}, 4, 1e9, "latency")
+    assert step_s == pytest.approx(13756.51e-6, rel=1e-4) and value == pytest.approx(13.7565, rel=1e-4)
+    assert throughput == pytest.approx(290.7713)
+
+
+# -- failures, resume, overwrite -----------------------------------------------------------------------------
+
+def test_failures_are_recorded_with_their_reason_and_the_tuner_goes_on(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
+    outcomes = {"z0_gas1_tmbspg8": ("oom", "a rank was killed (SIGKILL) under the memory cap"),
+                "z0_gas1_tmbspg7": RuntimeError("a multi-node launch needs pdsh")}
+    outcome = tune(settings, FakeLauncher(outcomes=outcomes), log=lambda _: None)
+    by_name = {r.name: r for r in outcome.results}
+    assert by_name["z0_gas1_tmbspg8"].status == "oom" and "SIGKILL" in by_name["z0_gas1_tmbspg8"].reason
+    assert by_name["z0_gas1_tmbspg7"].status == "failed" and "launcher error" in by_name["z0_gas1_tmbspg7"].reason
+    assert outcome.best is not None and outcome.best.name == "z0_gas1_tmbspg6"
+    stored = {m.source.rsplit("/", 1)[-1]: m for m in read_jsonl(tmp_path / "results" / "measurements.jsonl")}
+    assert stored["z0_gas1_tmbspg8"].status == "oom" and stored["z0_gas1_tmbspg6"].status == "ok"
+    summary = (tmp_path / "results" / "summary.txt").read_text()
+    assert "pdsh" in summary and "oom" in summary
+
+
+def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
+    with pytest.raises(KeyboardInterrupt):
+        tune(settings, FakeLauncher(outcomes={"z0_gas1_tmbspg7": KeyboardInterrupt()}), log=lambda _: None)
+    results = tmp_path / "results"
+    assert "result" in json.loads((results / "z0_gas1_tmbspg8" / "exp.json").read_text())
+    assert "result" not in json.loads((results / "z0_gas1_tmbspg7" / "exp.json").read_text())
+    assert "interrupted" in (results / "summary.txt").read_text()
+    launcher = FakeLauncher()
+    outcome = tune(settings, launcher, log=lambda _: None)
+    assert [name for name, _ in launcher.calls] == ["z0_gas1_tmbspg7", "z0_gas1_tmbspg6"]
+    assert [r.resumed for r in outcome.results] == [True, False, False]
+
+
+def test_overwrite_reruns_finished_experiments(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=2, overwrite=True)
+    tune(settings, FakeLauncher(), log=lambda _: None)
+    launcher = FakeLauncher()
+    tune(settings, launcher, log=lambda _: None)
+    assert len(launcher.calls) == 2
+
+
+# -- layout ------------------------------------------------------------------------------------------------
+
+def test_layout_files_and_summary_columns(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=2, args=("--per_device_train_batch_size", "1"),
+                         arg_mappings={"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"})
+    launcher = FakeLauncher()
+    outcome = tune(settings, launcher, log=lambda _: None)
+    results = tmp_path / "results"
+    for name, spec in launcher.calls:
+        exp = json.loads((tmp_path / "exps" / f"{name}.json").read_text())
+        assert exp["ds_config"]["autotuning"]["enabled"] is True and exp["num_gpus"] == WORLD
+        assert json.loads((results / name / "exp.json").read_text())["result"]["status"] == "ok"
+        micro = spec.ds_config["train_micro_batch_size_per_gpu"]
+        assert spec.script_args == ("--per_device_train_batch_size", str(micro))  # rewritten per arg_mappings
+        assert spec.master_port > 0 and spec.ds_config_flag == "--deepspeed_config"
+    header = (results / "summary.txt").read_text().splitlines()[0]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["tuning_space", "num_experiments", "best_metric_val",
+                                                               "predicted_metric_val", "best_exp_name"]
+    cmd = (results / "cmd_optimal.txt").read_text()
+    assert str((results / "ds_config_optimal.json").resolve()) in cmd
+    assert f"--per_device_train_batch_size {outcome.best.config.train_micro_batch_size_per_gpu}" in cmd
+    assert (results / "space.png").is_file() and (results / "predicted_vs_measured.png").is_file()
+
+
+def test_nothing_fits_says_what_comes_closest(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [64], [0])
+    settings = TuneSettings(settings.command, settings.doc, "llama-2-70b", "cpu", WORLD, seq_len=4096, explore=())
+    with pytest.raises(ValueError, match="least memory is .* GiB"):
+        tune(settings, FakeLauncher(), log=lambda _: None)
+
+
+# -- arguments and commands -----------------------------------------------------------------------------------
+
+def test_split_user_command_finds_the_config_however_it_is_passed() -> None:
+    hf = split_user_command("train.py", ["--lr", "1", "--deepspeed", "ds.json", "--x"])
+    assert hf.args == ("--lr", "1", "--x") and hf.ds_config_flag == "--deepspeed" and hf.ds_config_path == Path("ds.json")
+    eq = split_user_command("train.py", ["--deepspeed_config=cfg.json"])
+    assert eq.args == () and eq.ds_config_path == Path("cfg.json")
+    switch = split_user_command("train.py", ["--deepspeed", "--deepspeed_config", "c.json"])
+    assert switch.args == ("--deepspeed",) and switch.ds_config_flag == "--deepspeed_config"
+    with pytest.raises(ValueError, match="--deepspeed ds_config.json"):
+        split_user_command("train.py", ["--lr", "1"])
+
+
+def test_rewrite_args_replaces_appends_and_never_splits_values() -> None:
+    mappings = {"train_micro_batch_size_per_gpu": "--bs", "gradient_accumulation_steps": "--gas",
+                "stage": "--stage"}
+    doc = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3}}
+    out = rewrite_args(["--name", "x; rm -rf /", "--bs", "1", "--gas=9"], mappings, doc)
+    assert out == ("--name", "x; rm -rf /", "--bs", "4", "--gas=2", "--stage", "3")
+    assert rewrite_args(["--bs", "1"], mappings, {"train_micro_batch_size_per_gpu": "auto"})[:2] == ("--bs", "1")
+
+
+def test_missing_batch_mapping_is_a_one_line_error() -> None:
+    with pytest.raises(ValueError, match="arg_mappings has no train_micro_batch_size_per_gpu"):
+        check_arg_mappings({"train_micro_batch_size_per_gpu": "auto"}, [], None)
+    with pytest.raises(ValueError, match="--per_device_train_batch_size"):
+        check_arg_mappings({}, ["--per_device_train_batch_size", "8"], {})
+    check_arg_mappings({}, ["--per_device_eval_batch_size", "8"], None)  # not a training batch
+    check_arg_mappings({"train_micro_batch_size_per_gpu": "auto"}, ["--bs", "8"],
+                       {"train_micro_batch_size_per_gpu": "--bs", "gradient_accumulation_steps": "--gas"})
+
+
+def test_lr_advice_square_root_for_adam_linear_for_sgd() -> None:
+    adam = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    best = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW"}}, world_size=WORLD)
+    text = lr_advice(adam, best, WORLD)
+    assert text is not None and "square root" in text and "x2 " in text and "0.0002" in text  # sqrt(16/4)
+    sgd_best = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "SGD"}}, world_size=WORLD)
+    assert "x4," in lr_advice({"train_micro_batch_size_per_gpu": 2}, sgd_best, WORLD)
+    assert lr_advice({"train_micro_batch_size_per_gpu": 8}, best, WORLD) is None
+
+
+def test_model_from_parameter_count_recovers_gpt2_small_shape() -> None:
+    # GPT-2 small: 124M parameters, 12 layers of width 768 (Radford et al. 2019, Table 2)
+    doc = model_from_num_params(124_439_808, "p", "test")
+    assert (doc["num_layers"], doc["hidden_size"], doc["vocab_size"]) == (12, 768, 50257)
+
+
+def test_hostfile_and_script_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read"):
+        read_hostfile(tmp_path / "missing")
+    bad = tmp_path / "hostfile"
+    bad.write_text("worker-0 slots=2\nworker-1 gpus=2\n")
+    with pytest.raises(ValueError, match=":2: 'worker-1 gpus=2'"):
+        read_hostfile(bad)
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    with pytest.raises(ValueError, match="no such file"):
+        settings_from_args(parser.parse_args([str(tmp_path / "nope.py"), "--deepspeed", "ds.json"]))
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": [1, 2]}))
+    builtin = settings_from_args(parser.parse_args(["--deepspeed", str(ds), "--hardware", "cpu"]))
+    assert builtin.command.script == BUILTIN_SCRIPT and builtin.num_gpus == 2 and builtin.env["DS_ACCELERATOR"] == "cpu"
+    assert builtin.command.args[builtin.command.args.index("--steps") + 1] == "6"  # DeepSpeed's end_profile_step 5, + 1
+    assert math.isclose(builtin.timeout_s, 600.0)
