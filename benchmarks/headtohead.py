@@ -1,0 +1,123 @@
+"""Head to head: `deepspeed --autotuning tune` against `zerotune tune` on the same jobs, one after the other.
+
+For each job both tuners read the same ds_config and run in folders of their own; then the two chosen
+configurations are re-measured by independent runs alternated A B A B (--repeats each), and every
+configuration of an exhaustive grid (stages x micro-batch sizes; rows of data/measurements/cpu_grid_*.jsonl
+are reused when they cover it) is run once to score both choices against the grid's best.
+
+    python -m benchmarks.headtohead --out /tmp/h2h            # builtin, wide and latency jobs (about an hour)
+    python -m benchmarks.headtohead --quick --out /tmp/h2h    # CI: one tiny job, 2 micro-batch sizes
+
+Writes OUT/results.md (the table), OUT/results.json, OUT/timeline.png and every run's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from benchmarks.jobs import FULL_JOBS, QUICK_JOB, BenchJob, job_by_name
+from benchmarks.measure import Remeasured, ab_remeasure, config_name, grid_configs, load_published_grid, \
+    measure_grid
+from benchmarks.report import TOOLS, JobResult, format_markdown, grid_best, grid_score, metric_ratio, plot_timeline
+from benchmarks.tools import run_tool
+from calibrate.measurement import Measurement
+from predictor import experiment_name, load_model
+
+__all__ = ["run_job", "grid_for", "summary_dict", "main"]
+
+MIN_REPEATS = 3
+"""Issue 6: at least three independent re-measurements of each choice."""
+
+
+def grid_for(job: BenchJob, chosen: dict[str, dict[str, Any]], known: list[Measurement],
+             folder: Path) -> tuple[Measurement, ...]:
+    """The grid plus the chosen configurations: rows already measured for this model and sequence length
+    (published or by an earlier job) are reused, the rest are run once now and added to `known`."""
+    wanted = {**grid_configs(job), **chosen}
+    model = load_model(job.model).name
+    have = {experiment_name(m.config): m for m in known
+            if m.seq_len == job.seq_len and m.world_size == job.num_gpus and load_model(m.model).name == model}
+    missing = {name: doc for name, doc in wanted.items() if name not in have}
+    measured = measure_grid(job, missing, folder) if missing else []
+    known.extend(measured)
+    have.update({experiment_name(m.config): m for m in measured})
+    return tuple(have[name] for name in wanted if name in have)
+
+
+def run_job(job: BenchJob, out: Path, repeats: int, grid: str, known: list[Measurement],
+            tool_timeout_s: float) -> JobResult:
+    folder = out / job.name
+    runs = {tool: run_tool(tool, job, folder / tool, tool_timeout_s) for tool in TOOLS}
+    chosen = {tool: run.optimal_ds_config for tool, run in runs.items() if run.optimal_ds_config is not None}
+    again = ab_remeasure(job, chosen, repeats, folder / "ab") if chosen else {}
+    named = {config_name(doc, job.num_gpus): doc for doc in chosen.values()}
+    rows = grid_for(job, named, known, folder / "grid") if grid != "skip" else ()
+    return JobResult(job, runs, again, rows)  # type: ignore[arg-type]
+
+
+def _remeasured_dict(again: Remeasured | None) -> dict[str, Any] | None:
+    if again is None:
+        return None
+    return {**asdict(again), "median_samples_per_s": again.median_samples_per_s,
+            "median_step_s": again.median_step_s, "spread_rel": again.spread_rel}
+
+
+def summary_dict(result: JobResult) -> dict[str, Any]:
+    """The job's figures as JSON: per tool experiments, wall time, choice, re-measurement, grid score."""
+    job, best = result.job, grid_best(result.job, result.grid)
+    tools = {tool: {"experiments": [asdict(e) for e in run.experiments], "num_experiments": len(run.experiments),
+                    "wall_s": run.wall_s, "returncode": run.returncode, "chosen": result.chosen_name(tool),
+                    "chosen_ds_config": run.optimal_ds_config,
+                    "remeasured": _remeasured_dict(result.remeasured.get(tool)),
+                    "grid_score": grid_score(job, result.grid, result.chosen_name(tool))}
+             for tool, run in result.runs.items()}
+    return {"job": asdict(job), "tools": tools, "grid_best": best[0] if best else None,
+            "grid_runs": len(result.grid),
+            "ratio_zerotune_over_deepspeed": metric_ratio(job, result.remeasured.get("zerotune"),
+                                                          result.remeasured.get("deepspeed"))}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.headtohead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one tiny job, fewest steps (CI)")
+    p.add_argument("--jobs", help="comma list of jobs (default: builtin,wide,latency; --quick: quick)")
+    p.add_argument("--out", type=Path, default=Path("headtohead_results"), help="folder for every run and the table")
+    p.add_argument("--repeats", type=int, default=MIN_REPEATS, help="re-measurements of each choice (>= 3)")
+    p.add_argument("--grid", choices=("auto", "skip"), default="auto",
+                   help="auto: reuse data/measurements/cpu_grid_*.jsonl rows, measure the rest; skip: no grid")
+    p.add_argument("--tool_timeout_s", type=float, default=3600.0, help="time limit of each tuner per job")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.repeats < MIN_REPEATS:
+            raise ValueError(f"--repeats {args.repeats}: the verdict needs at least {MIN_REPEATS} runs of each choice")
+        names = args.jobs.split(",") if args.jobs else None
+        jobs = [job_by_name(n) for n in names] if names else ([QUICK_JOB] if args.quick else list(FULL_JOBS))
+    except ValueError as exc:
+        print(f"headtohead: error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    known = [m for job in jobs for m in load_published_grid(job)] if args.grid == "auto" else []
+    results = [run_job(job, args.out, args.repeats, args.grid, known, args.tool_timeout_s) for job in jobs]
+    date = datetime.date.today().isoformat()
+    command = shlex.join(["python", "-m", "benchmarks.headtohead", *(argv if argv is not None else sys.argv[1:])])
+    table = format_markdown(results, date, command)
+    (args.out / "results.md").write_text(table)
+    (args.out / "results.json").write_text(json.dumps([summary_dict(r) for r in results], indent=1, default=str))
+    plot_timeline(results, args.out / "timeline.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The jobs of the head-to-head: a model, a sequence length and the user's ds_config, as both tuners get them.
+
+Each job is the ds_config a DeepSpeed autotuning user would write (zero stages as a list, a cap on the
+micro-batch, the autotuning section); `deepspeed --autotuning tune` and `zerotune tune` read the very same
+file. The grid that scores both choices is stages x powers of two up to that cap, gradient accumulation 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "user_ds_config", "script_args", "grid_points",
+           "job_by_name"]
+
+HERE = Path(__file__).resolve().parent
+WORKLOAD = HERE / "ds_workload.py"
+MODELS = HERE / "models"
+Metric = Literal["throughput", "latency", "flops"]
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    name: str
+    model: str
+    """Catalog name or model YAML path, as the workload's and zerotune's --model take it."""
+    seq_len: int
+    stages: tuple[int, ...]
+    """zero_optimization.stage as a list: the stages both tuners may choose from."""
+    max_micro_batch: int
+    """autotuning.max_train_micro_batch_size_per_gpu; also the largest micro-batch of the grid."""
+    num_tuning_micro_batch_sizes: int = 3
+    metric: Metric = "throughput"
+    measured_steps: int = 4
+    """Optimizer steps the workload times (after warm-up) in A/B and grid runs."""
+    warmup_steps: int = 2
+    num_gpus: int = 2
+    shows: str = ""
+    """What the job demonstrates, one line for the report."""
+    extra_zero: dict[str, Any] = field(default_factory=dict)
+    """More zero_optimization keys of the user's (DeepSpeed's autotuner drops them; zerotune keeps them)."""
+
+
+def user_ds_config(job: BenchJob) -> dict[str, Any]:
+    """The ds_config both tuners read. Profile steps 2-4: the engine measures steps 3 and 4 and exits."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": list(job.stages), **job.extra_zero},
+        "autotuning": {
+            "enabled": True, "fast": True, "metric": job.metric, "results_dir": "autotuning_results",
+            "exps_dir": "autotuning_exps", "overwrite": True, "start_profile_step": job.warmup_steps,
+            "end_profile_step": job.warmup_steps + job.measured_steps,
+            "max_train_micro_batch_size_per_gpu": job.max_micro_batch,
+            "num_tuning_micro_batch_sizes": job.num_tuning_micro_batch_sizes,
+        },
+    }
+
+
+def script_args(job: BenchJob, for_tuner: bool) -> tuple[str, ...]:
+    """The workload's own arguments. Under a tuner the engine stops at end_profile_step, so the workload is
+    given one step more than that, and it never ends (or writes its metrics) before DeepSpeed's exit."""
+    steps = job.measured_steps + (1 if for_tuner else 0)
+    return ("--model", job.model, "--seq_len", str(job.seq_len), "--steps", str(steps),
+            "--warmup", str(job.warmup_steps))
+
+
+def grid_points(job: BenchJob) -> list[tuple[int, int]]:
+    """(stage, micro-batch) of the exhaustive grid: every listed stage x 1, 2, 4 ... max_micro_batch."""
+    micro, sizes = 1, []
+    while micro <= job.max_micro_batch:
+        sizes.append(micro)
+        micro *= 2
+    return [(stage, mbs) for stage in job.stages for mbs in sizes]
+
+
+QUICK_JOB = BenchJob(
+    name="quick", model=str(MODELS / "zt-gpt-tiny.yaml"), seq_len=32, stages=(0, 1), max_micro_batch=2,
+    num_tuning_micro_batch_sizes=2, measured_steps=2, warmup_steps=1,
+    shows="CI smoke run: tiny model, 2 stages x 2 micro-batch sizes, fewest steps")
+BUILTIN_JOB = BenchJob(
+    name="builtin", model="zt-gpt-small", seq_len=128, stages=(0, 1, 2, 3), max_micro_batch=8,
+    shows="the built-in example (calibrate/workload.py, data/models/zt-gpt-small.yaml)")
+WIDE_JOB = BenchJob(
+    name="wide", model=str(MODELS / "zt-gpt-wide.yaml"), seq_len=64, stages=(0, 1, 2), max_micro_batch=8,
+    shows="a wide, shallow model: communication and optimizer step weigh more than the FLOPs")
+LATENCY_JOB = BenchJob(
+    name="latency", model="zt-gpt-small", seq_len=128, stages=(0, 1), max_micro_batch=8, metric="latency",
+    shows="metric latency: DeepSpeed's autotuner keeps the largest latency; zerotune minimises it")
+FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB)
+JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS)}
+
+
+def job_by_name(name: str) -> BenchJob:
+    if name not in JOBS:
+        raise ValueError(f"--jobs {name!r}: no such job; choose from {', '.join(JOBS)}")
+    return JOBS[name]

@@ -1,0 +1,151 @@
+"""Run each tuner on a job in its own folder and read back what it did, from DeepSpeed's results layout.
+
+Both tools write results_dir/<experiment>/{ds_config.json, exp.json, metrics.json, stdout.log, ...} and
+results_dir/ds_config_optimal.json (DeepSpeed: autotuning/autotuner.py write_optimal_config and
+scheduler.py run_experiment; zerotune: validate/results.py), so one reader serves both. An experiment's
+start is the oldest of the files written before its launch, its end the newest of those written after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from benchmarks.jobs import WORKLOAD, BenchJob, script_args, user_ds_config
+
+__all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "deepspeed_tune_command", "zerotune_tune_command",
+           "run_tool", "read_experiments", "metric_key"]
+
+ROOT = Path(__file__).resolve().parent.parent
+Tool = Literal["deepspeed", "zerotune"]
+_BEFORE_LAUNCH = ("exp.json", "ds_config.json", "cmd.txt")
+_AFTER_RUN = ("metrics.json", "stdout.log", "stderr.log")
+_METRIC_KEYS = {"throughput": "throughput", "latency": "latency", "flops": "FLOPS_per_gpu"}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    start_s: float
+    """Seconds after the tool was started."""
+    end_s: float
+    throughput_samples_per_s: float | None
+    """From the run's metrics.json (DeepSpeed's engine and zerotune's workload both write samples/s);
+    None for a failed run or a profiling run that measures no throughput."""
+    metric_value: float | None
+    """The job's metric as the run's metrics.json has it (DeepSpeed's units: latency in microseconds)."""
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    tool: Tool
+    folder: Path
+    returncode: int | None
+    """None when the tool was killed at its time limit."""
+    wall_s: float
+    experiments: tuple[Experiment, ...]
+    optimal_ds_config: dict[str, Any] | None
+    """results_dir/ds_config_optimal.json, or None when the tool chose nothing."""
+
+
+def cpu_env(num_gpus: int) -> dict[str, str]:
+    """What DeepSpeed needs to run on this CPU: its CPU accelerator, one thread per rank, LOCAL_SIZE (the CPU
+    accelerator's device_count(), cpu_accelerator.py) and this Python's bin on PATH (the autotuner calls a
+    bare `deepspeed`, scheduler.py run_experiment)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "LOCAL_SIZE": str(num_gpus), "PATH": path}
+
+
+def metric_key(job: BenchJob) -> str:
+    return _METRIC_KEYS[job.metric]
+
+
+def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
+    launcher = Path(sys.executable).parent / "deepspeed"
+    return [str(launcher), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(WORKLOAD),
+            "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
+
+
+def _zerotune_prefix() -> list[str]:
+    """`zerotune tune` through the CLI when it has the verb, else through validate.tune's own two functions."""
+    from validate.cli import build_parser
+    verbs = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    if "tune" in verbs:
+        return [sys.executable, "-m", "validate.cli", "tune"]
+    shim = ("import argparse, sys; from validate.tune import add_tune_arguments, run_tune; "
+            "p = argparse.ArgumentParser(prog='zerotune tune'); add_tune_arguments(p); "
+            "sys.exit(run_tune(p.parse_args()))")
+    return [sys.executable, "-c", shim]
+
+
+def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
+    # The model and sequence length are given, as the user of the built-in workload gives them to the
+    # script; DeepSpeed's autotuner learns the parameter count from its profiling run instead (counted).
+    return [*_zerotune_prefix(), "--num_gpus", str(job.num_gpus), "--model", job.model, "--hardware", "cpu",
+            "--seq_len", str(job.seq_len), str(WORKLOAD), "--deepspeed_config", str(ds_config),
+            *script_args(job, for_tuner=True)]
+
+
+def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:
+    (folder / "cmd.txt").write_text(shlex.join(cmd) + "\n")
+    start = time.monotonic()
+    with (folder / "tool_stdout.log").open("wb") as out, (folder / "tool_stderr.log").open("wb") as err:
+        proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), **env}, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s), time.monotonic() - start
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the tool's launcher and every rank it started share its session
+            proc.wait()
+            return None, time.monotonic() - start
+
+
+def run_tool(tool: Tool, job: BenchJob, folder: Path, timeout_s: float) -> ToolRun:
+    """Run one tuner on the job in folder/ (its cwd, so its relative results_dir lands there) and read it back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg_path = folder / "ds_config.json"
+    cfg_path.write_text(json.dumps(user_ds_config(job), indent=2) + "\n")
+    cmd = (deepspeed_tune_command if tool == "deepspeed" else zerotune_tune_command)(job, cfg_path)
+    started_at = time.time()
+    returncode, wall_s = _run(cmd, folder, cpu_env(job.num_gpus), timeout_s)
+    results_dir = folder / user_ds_config(job)["autotuning"]["results_dir"]
+    optimal = results_dir / "ds_config_optimal.json"
+    chosen = json.loads(optimal.read_text()) if optimal.is_file() else None
+    return ToolRun(tool, folder, returncode, wall_s, read_experiments(results_dir, started_at, metric_key(job)),
+                   chosen)
+
+
+def _mtimes(folder: Path, names: tuple[str, ...]) -> list[float]:
+    return [(folder / n).stat().st_mtime for n in names if (folder / n).is_file()]
+
+
+def _metrics(folder: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((folder / "metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _positive(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def read_experiments(results_dir: Path, started_at: float, key: str) -> tuple[Experiment, ...]:
+    """Every experiment folder under results_dir (profiling runs included: they cost time too), by start."""
+    found = []
+    for folder in sorted(p for p in results_dir.glob("*") if p.is_dir()):
+        before, after = _mtimes(folder, _BEFORE_LAUNCH), _mtimes(folder, _AFTER_RUN)
+        if not before:
+            continue  # not an experiment folder (plots, copies)
+        metrics = _metrics(folder)
+        found.append(Experiment(folder.name, min(before) - started_at, max(after or before) - started_at,
+                                _positive(metrics.get("throughput")), _positive(metrics.get(key))))
+    return tuple(sorted(found, key=lambda e: e.start_s))
