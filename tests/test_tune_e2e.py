@@ -1,0 +1,141 @@
+"""`zerotune tune` for real: DeepSpeed's launcher, 2 CPU ranks with gloo, the built-in workload and fault scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from calibrate.measurement import read_jsonl
+from predictor.units import GIB
+from validate.experiments import split_user_command
+from validate.tune import TuneSettings, add_tune_arguments, settings_from_args, tune
+
+pytestmark = pytest.mark.deepspeed
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+TINY = str(FIXTURES / "tiny-gpt.yaml")
+FAULTS = FIXTURES / "tune_faults.py"
+CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+RUN_FILES = ("cmd.txt", "ds_config.json", "exp.json", "metrics.json", "stdout.log", "stderr.log")
+
+
+def _ds_config(tmp_path: Path, micro: list[int], stages: list[int], **autotuning) -> Path:
+    doc = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": {"stage": stages}, "steps_per_print": 1000,
+           "autotuning": {"fast": True, "start_profile_step": 1, "end_profile_step": 2,
+                          "results_dir": str(tmp_path / "autotuning_results"),
+                          "exps_dir": str(tmp_path / "autotuning_exps"), **autotuning}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _fault_settings(tmp_path: Path, micro: list[int], faults: str, top_k: int, timeout_s: float) -> TuneSettings:
+    config = _ds_config(tmp_path, micro, [0])
+    command = split_user_command(FAULTS, ["--model", TINY, "--seq_len", "32", "--steps", "3", "--warmup", "0",
+                                          "--deepspeed_config", str(config)])
+    env = {**CPU_ENV, "ZT_TUNE_FAULTS": faults, "ZT_FIXTURE_PID_DIR": str(tmp_path)}
+    return TuneSettings(command, json.loads(config.read_text()), TINY, "cpu", 2, seq_len=32, top_k=top_k,
+                        timeout_s=timeout_s, env=env, memory_limit_bytes=4 * GIB, explore=())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _hang_pids(tmp_path: Path) -> list[int]:
+    return [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+
+
+def test_real_tune_runs_at_most_k_and_picks_the_measured_best(tmp_path: Path) -> None:
+    config = _ds_config(tmp_path, [1, 2], [0, 1])
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    settings = settings_from_args(parser.parse_args(["--deepspeed", str(config), "--model", TINY, "--seq_len", "32",
+                                                     "--top_k", "2", "--explore", "none", "--timeout_s", "240",
+                                                     "--hardware", "cpu"]))
+    outcome = tune(settings, log=lambda _: None)
+    results = tmp_path / "autotuning_results"
+    assert 1 <= len(outcome.results) <= 2
+    measured = {}
+    for r in outcome.results:
+        assert r.status == "ok", r.reason
+        for name in RUN_FILES:
+            assert (results / r.name / name).is_file(), (r.name, name)
+        assert (tmp_path / "autotuning_exps" / f"{r.name}.json").is_file()
+        measured[r.name] = json.loads((results / r.name / "metrics.json").read_text())["throughput"]
+    best = max(measured, key=measured.get)
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    best_config = json.loads((results / best / "ds_config.json").read_text())
+    best_config.pop("autotuning")
+    assert optimal == best_config and outcome.best is not None and outcome.best.name == best
+    assert "autotuning" not in optimal
+    for name in ("summary.txt", "cmd_optimal.txt", "measurements.jsonl", "space.png", "predicted_vs_measured.png"):
+        assert (results / name).is_file(), name
+    stored = read_jsonl(results / "measurements.jsonl")
+    assert {m.status for m in stored} == {"ok"} and len(stored) == len(outcome.results)
+    global_row = next(line for line in (results / "summary.txt").read_text().splitlines() if line.startswith("| global"))
+    assert best in global_row
+
+
+def test_crash_oom_and_hang_are_recorded_and_the_tuner_goes_on(tmp_path: Path) -> None:
+    settings = _fault_settings(tmp_path, [1, 2, 3, 4], "4:crash,3:oom,2:hang,1:metrics", top_k=4, timeout_s=30)
+    outcome = tune(settings, log=lambda _: None)
+    by_micro = {r.config.train_micro_batch_size_per_gpu: r for r in outcome.results}
+    assert by_micro[4].status == "failed" and "fixture crash on purpose" in by_micro[4].reason
+    assert by_micro[3].status == "oom", by_micro[3].reason
+    assert by_micro[2].status == "timeout" and "killed" in by_micro[2].reason
+    assert by_micro[1].status == "ok" and outcome.best is not None and outcome.best.name == by_micro[1].name
+    pids = _hang_pids(tmp_path)
+    assert len(pids) == 2 and not any(_alive(pid) for pid in pids)  # the hung ranks were killed with the launcher
+    summary = (tmp_path / "autotuning_results" / "summary.txt").read_text()
+    for status in ("failed", "oom", "timeout", "ok"):
+        assert f"| {status}" in summary
+
+
+_INTERRUPTIBLE = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.test_tune_e2e import _fault_settings
+from validate.tune import tune
+tune(_fault_settings(Path({tmp!r}), [1, 2, 4], "4:crash,2:hang,1:metrics", top_k=2, timeout_s=120),
+     log=lambda line: print(line, flush=True))
+"""
+
+
+def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
+    code = _INTERRUPTIBLE.format(repo=str(REPO), tmp=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while len(_hang_pids(tmp_path)) < 2 and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.5)
+    assert len(_hang_pids(tmp_path)) == 2, child.communicate(timeout=30)[0].decode()[-2000:]
+    child.send_signal(signal.SIGINT)  # what Ctrl-C does: the launcher runs in its own session, tune kills it
+    output = child.communicate(timeout=60)[0].decode()
+    assert child.returncode != 0 and "KeyboardInterrupt" in output
+    time.sleep(1)
+    assert not any(_alive(pid) for pid in _hang_pids(tmp_path))
+    results = tmp_path / "autotuning_results"
+    assert "interrupted" in (results / "summary.txt").read_text()
+    for pid_file in tmp_path.glob("*.pid"):
+        os.unlink(pid_file)
+    # rerun: the crash stays recorded (its experiment is not run again although it would now succeed)
+    outcome = tune(_fault_settings(tmp_path, [1, 2, 4], "4:metrics,2:metrics,1:metrics", top_k=2, timeout_s=120),
+                   log=lambda _: None)
+    by_micro = {r.config.train_micro_batch_size_per_gpu: r for r in outcome.results}
+    assert by_micro[4].resumed and by_micro[4].status == "failed"
+    assert not by_micro[2].resumed and by_micro[2].status == "ok"
+    assert outcome.best is not None and outcome.best.name == by_micro[2].name
