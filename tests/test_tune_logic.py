@@ -268,3 +268,17 @@ def test_hostfile_and_script_errors_are_one_line(tmp_path: Path) -> None:
     assert builtin.command.script == BUILTIN_SCRIPT and builtin.num_gpus == 2 and builtin.env["DS_ACCELERATOR"] == "cpu"
     assert builtin.command.args[builtin.command.args.index("--steps") + 1] == "6"  # DeepSpeed's end_profile_step 5, + 1
     assert math.isclose(builtin.timeout_s, 600.0)
+
+
+def test_grid_runs_every_configuration_and_compares_the_pick(tmp_path: Path) -> None:
+    from validate.grid import compare, run_grid
+    settings = _settings(tmp_path, [6, 7, 8], [0, 1], top_k=2)
+    launcher = FakeLauncher(step_s=lambda d: 0.01 * d["train_micro_batch_size_per_gpu"] ** 0.5
+                            * (1.5 if d["zero_optimization"]["stage"] else 1.0))
+    out = tmp_path / "grid.jsonl"
+    grid = run_grid(settings, launcher, out=out, log=lambda _: None)
+    assert len(grid) == len(launcher.calls) == 6 and len(read_jsonl(out)) == 6
+    assert (tmp_path / "results_grid" / "z0_gas1_tmbspg8" / "exp.json").is_file()
+    line = compare("z1_gas1_tmbspg8", 700.0, grid, "throughput", 2)
+    # the grid's best is stage 0 at micro-batch 8; stage 1 costs 1.5x the step time: ratio 1/1.5
+    assert "the grid's best of 6 is z0_gas1_tmbspg8" in line and line.endswith("pick / best = 0.667")

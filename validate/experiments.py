@@ -7,6 +7,7 @@ string, so a user argument can never become a command.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from predictor import DSConfig, to_ds_config
 from predictor.dsconfig import AutotuningConfig
 
-__all__ = ["UserCommand", "read_hostfile", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
+__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
            "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS"]
 
 DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
@@ -190,3 +191,15 @@ def model_from_num_params(num_params: int, name: str, source: str) -> dict[str, 
     return {"name": name, "num_layers": layers, "hidden_size": width, "num_heads": width // HEAD_DIM, "num_kv_heads": width // HEAD_DIM,
             "ffn_hidden_size": 4 * width, "vocab_size": int(vocab), "max_position_embeddings": 8192,
             "position_embedding": "rotary", "tied_embeddings": True, "source": source}
+
+
+def read_ds_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"--deepspeed {path}: no such file; give the path of an existing ds_config.json")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--deepspeed {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--deepspeed {path}: a ds_config must be a JSON object")
+    return doc

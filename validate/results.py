@@ -13,6 +13,7 @@ failures are results); one interrupted before that is run again when the tune is
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,11 +21,12 @@ from typing import Any, Mapping, Sequence
 
 from calibrate.measurement import Status
 from predictor import DSConfig, parse_ds_config
+from predictor.dsconfig import resolve_batch
 from predictor.rank import MAXIMISED, Metric
 
 __all__ = ["Layout", "Prediction", "ExperimentResult", "write_json_atomic", "write_text_atomic",
            "measured_from_metrics", "exp_document", "result_dict", "load_finished", "format_summary",
-           "best_result", "GLOBAL_TUNING_SPACE"]
+           "best_result", "lr_advice", "GLOBAL_TUNING_SPACE"]
 
 GLOBAL_TUNING_SPACE = "global"
 """DeepSpeed's name for the row over all stages in summary.txt (autotuning/constants.py)."""
@@ -199,3 +201,26 @@ def format_summary(results: Sequence[ExperimentResult], metric: Metric, duration
     return (f"{table}\n\nmetric: {metric}{' (minimised)' if not MAXIMISED[metric] else ''}\n\n{detail}\n\n"
             f"{stop_reason}\n\nTuning completed in {hours}:{minutes:02d}:{seconds:02d}. "
             f"Total number of experiments: {len(results)}.\n")
+
+
+def lr_advice(doc: Mapping[str, Any], best: DSConfig, world_size: int) -> str | None:
+    """What to do with the learning rate when the tuned global batch differs from the user's: Adam-family
+    optimizers scale it with the square root of the batch ratio, SGD linearly (Goyal et al. 2017; Malladi
+    et al. 2022), as DeepSpeed's autotuning documentation advises."""
+    try:
+        micro, gas = resolve_batch({k: v for k, v in doc.items() if k in ("train_batch_size",
+                                   "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+                                    and isinstance(v, int)}, world_size // best.mp_size)
+    except ValueError:
+        return None
+    old = micro * gas * world_size // best.mp_size
+    new = best.train_micro_batch_size_per_gpu * best.gradient_accumulation_steps * world_size // best.mp_size
+    if old == new:
+        return None
+    sgd = best.optimizer == "sgd"
+    factor = new / old if sgd else math.sqrt(new / old)
+    lr = ((doc.get("optimizer") or {}).get("params") or {}).get("lr")
+    target = f" ({lr:g} -> {lr * factor:.3g})" if isinstance(lr, (int, float)) else ""
+    rule = "linearly (SGD)" if sgd else "with the square root of the batch ratio (Adam-family optimizers)"
+    return (f"the tuned global batch is {new} samples, yours was {old}: scale the learning rate {rule}, "
+            f"x{factor:.3g}{target}, and re-check warm-up; convergence is yours to verify")

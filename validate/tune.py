@@ -38,19 +38,19 @@ from typing import Any, Callable, Mapping, Sequence
 from calibrate.launch import LaunchSpec, RunResult, deepspeed_command, free_port, launch
 from calibrate.measurement import Measurement, append_jsonl
 from predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
-from predictor.dsconfig import AutotuningConfig, resolve_batch
+from predictor.dsconfig import AutotuningConfig
 from predictor.rank import MAXIMISED, Metric, Ranked, Uncertainty, rank
 from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from predictor.units import GIB
-from validate.experiments import (UserCommand, check_arg_mappings, experiment_ds_config, optimal_ds_config,
+from validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
 from validate.plan import build_job
-from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary,
+from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
-           "lr_advice", "REFIT_MIN_MEASUREMENTS", "BUILTIN_SCRIPT"]
+           "lr_advice", "measurement_of", "run_experiment", "autotuning_of", "profile_model", "REFIT_MIN_MEASUREMENTS", "BUILTIN_SCRIPT"]
 
 Launcher = Callable[[LaunchSpec], RunResult]
 REPO = Path(__file__).resolve().parent.parent
@@ -158,7 +158,7 @@ def _nothing_fits(job: Job, space: SearchSpace, model: _Model) -> ValueError:
                       f"(stage 3, offload, checkpointing, smaller micro-batches), add GPUs or shorten --seq_len")
 
 
-def _measurement(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
+def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
     ok = result.status == "ok"
     return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
                        num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
@@ -265,7 +265,7 @@ def _search(settings: TuneSettings, job: Job, space: SearchSpace, at: Autotuning
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
         done.add(result.name)
-        model = _corrected(model, job, [_measurement(settings, job, r, layout) for r in results])
+        model = _corrected(model, job, [measurement_of(settings, job, r, layout) for r in results])
     return f"stopped: the budget of {budget} experiments (top_k {settings.top_k}, tuner_num_trials " \
            f"{at.tuner_num_trials}) is spent"
 
@@ -286,7 +286,7 @@ def _write_outputs(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     write_text_atomic(layout.summary, format_summary(results, at.metric, duration_s, stop_reason))
     tmp = layout.measurements.with_name(layout.measurements.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    append_jsonl(tmp, [_measurement(settings, job, r, layout) for r in results])
+    append_jsonl(tmp, [measurement_of(settings, job, r, layout) for r in results])
     os.replace(tmp, layout.measurements)
     best = best_result(results, at.metric)
     if best is None:
@@ -339,29 +339,6 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     return TuneOutcome(tuple(results), best_result(results, at.metric), stop_reason, layout, cmd, duration_s)
 
 
-def lr_advice(doc: Mapping[str, Any], best: DSConfig, world_size: int) -> str | None:
-    """What to do with the learning rate when the tuned global batch differs from the user's: Adam-family
-    optimizers scale it with the square root of the batch ratio, SGD linearly (Goyal et al. 2017; Malladi
-    et al. 2022), as DeepSpeed's autotuning documentation advises."""
-    try:
-        micro, gas = resolve_batch({k: v for k, v in doc.items() if k in ("train_batch_size",
-                                   "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-                                    and isinstance(v, int)}, world_size // best.mp_size)
-    except ValueError:
-        return None
-    old = micro * gas * world_size // best.mp_size
-    new = best.train_micro_batch_size_per_gpu * best.gradient_accumulation_steps * world_size // best.mp_size
-    if old == new:
-        return None
-    sgd = best.optimizer == "sgd"
-    factor = new / old if sgd else math.sqrt(new / old)
-    lr = ((doc.get("optimizer") or {}).get("params") or {}).get("lr")
-    target = f" ({lr:g} -> {lr * factor:.3g})" if isinstance(lr, (int, float)) else ""
-    rule = "linearly (SGD)" if sgd else "with the square root of the batch ratio (Adam-family optimizers)"
-    return (f"the tuned global batch is {new} samples, yours was {old}: scale the learning rate {rule}, "
-            f"x{factor:.3g}{target}, and re-check warm-up; convergence is yours to verify")
-
-
 # -- the command line --------------------------------------------------------------------------------------
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
@@ -391,19 +368,6 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments, --deepspeed ds.json among them")
 
 
-def _read_doc(path: Path) -> dict[str, Any]:
-    import json
-    if not path.is_file():
-        raise ValueError(f"--deepspeed {path}: no such file; give the path of an existing ds_config.json")
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--deepspeed {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"--deepspeed {path}: a ds_config must be a JSON object")
-    return doc
-
-
 def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | None]:
     """(the command, the model, the sequence length): the user's, or the built-in workload's."""
     if args.script is None:
@@ -411,7 +375,7 @@ def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | N
             raise ValueError("give a training script and its --deepspeed ds_config.json, or --deepspeed "
                              "ds_config.json alone to tune the built-in workload")
         path = Path(args.tune_ds_config)
-        at = autotuning_of(_read_doc(path), 1)
+        at = autotuning_of(read_ds_config(path), 1)
         model, seq_len = args.model or BUILTIN_MODEL, args.seq_len or BUILTIN_SEQ_LEN
         script_args = ("--model", model, "--seq_len", str(seq_len), "--steps", str(at.end_profile_step + 1),
                        "--warmup", "0")
@@ -437,7 +401,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     for flag in ("num_gpus", "num_nodes", "top_k", "seq_len", "timeout_s", "memory_cap_gib"):
         _positive(getattr(args, flag), f"--{flag}")
     command, model, seq_len = _command(args)
-    doc = _read_doc(command.ds_config_path)
+    doc = read_ds_config(command.ds_config_path)
     hardware = args.hardware or _default_hardware()
     from predictor import load_hardware
     hw = load_hardware(hardware)
