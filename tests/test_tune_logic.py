@@ -282,3 +282,31 @@ def test_grid_runs_every_configuration_and_compares_the_pick(tmp_path: Path) -> 
     line = compare("z1_gas1_tmbspg8", 700.0, grid, "throughput", 2)
     # the grid's best is stage 0 at micro-batch 8; stage 1 costs 1.5x the step time: ratio 1/1.5
     assert "the grid's best of 6 is z0_gas1_tmbspg8" in line and line.endswith("pick / best = 0.667")
+
+
+def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> None:
+    from validate.tune import profile_model
+    script = tmp_path / "train.py"
+    script.write_text("")
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": [2, 4],
+                              "autotuning": {"results_dir": str(tmp_path / "results")}}))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    settings = settings_from_args(parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", str(script),
+                                                     "--deepspeed", str(ds), "--lr", "0.1"]))
+    assert settings.command.args == ("--lr", "0.1") and settings.command.ds_config_flag == "--deepspeed"
+    assert settings.model == ""  # no --model: it comes from a profiling run
+
+    def engine(spec: LaunchSpec) -> RunResult:  # DeepSpeed's model_info profile writes the count, then exits
+        info = spec.ds_config["autotuning"]
+        assert info["model_info"] == {"profile": True} and spec.ds_config["train_micro_batch_size_per_gpu"] == 2
+        Path(info["model_info_path"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(info["model_info_path"]).write_text(json.dumps({"num_params": 124_439_808}))
+        return RunResult("failed", "no metrics written", 0, 1.0, spec.run_dir, None)
+    path = profile_model(settings, engine)
+    from predictor import load_model
+    model = load_model(path)
+    assert (model.num_layers, model.hidden_size) == (12, 768) and "model_info" in model.source
+    with pytest.raises(ValueError, match="give --model"):
+        profile_model(settings, lambda spec: RunResult("failed", "ValueError: boom", 1, 1.0, spec.run_dir, None))

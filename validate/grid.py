@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from calibrate.launch import launch
-from calibrate.measurement import Measurement, append_jsonl
+from calibrate.measurement import append_jsonl
 from predictor import DSConfig, Job, estimate, experiment_name, parse_ds_config
 from predictor.rank import MAXIMISED, Metric, evaluate_space
 from predictor.space import space_from_ds_config
