@@ -25,7 +25,8 @@ from typing import Any, Sequence
 from benchmarks.jobs import FULL_JOBS, QUICK_JOB, BenchJob, job_by_name
 from benchmarks.measure import Remeasured, ab_remeasure, config_name, grid_configs, load_published_grid, \
     measure_grid
-from benchmarks.report import TOOLS, JobResult, format_markdown, grid_best, grid_score, metric_ratio, plot_timeline
+from benchmarks.report import TOOLS, JobResult, format_markdown, grid_best, grid_score, kept_user_zero, \
+    metric_ratio, plot_timeline
 from benchmarks.tools import run_tool
 from calibrate.measurement import Measurement
 from predictor import experiment_name, load_model
@@ -76,7 +77,8 @@ def summary_dict(result: JobResult) -> dict[str, Any]:
                     "wall_s": run.wall_s, "returncode": run.returncode, "chosen": result.chosen_name(tool),
                     "chosen_ds_config": run.optimal_ds_config,
                     "remeasured": _remeasured_dict(result.remeasured.get(tool)),
-                    "grid_score": grid_score(job, result.grid, result.chosen_name(tool))}
+                    "grid_score": grid_score(job, result.grid, result.chosen_name(tool)),
+                    "kept_user_zero": kept_user_zero(job, run.optimal_ds_config)}
              for tool, run in result.runs.items()}
     return {"job": asdict(job), "tools": tools, "grid_best": best[0] if best else None,
             "grid_runs": len(result.grid),

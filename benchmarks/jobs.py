@@ -76,15 +76,18 @@ def grid_points(job: BenchJob) -> list[tuple[int, int]]:
 
 
 QUICK_JOB = BenchJob(
-    name="quick", model=str(MODELS / "zt-gpt-tiny.yaml"), seq_len=32, stages=(0, 1), max_micro_batch=2,
+    name="quick", model=str(MODELS / "zt-gpt-tiny.yaml"), seq_len=32, stages=(0,), max_micro_batch=2,
     num_tuning_micro_batch_sizes=2, measured_steps=2, warmup_steps=1,
-    shows="CI smoke run: tiny model, 2 stages x 2 micro-batch sizes, fewest steps")
+    shows="CI smoke run: tiny model, ZeRO-0, 2 micro-batch sizes, fewest steps")
 BUILTIN_JOB = BenchJob(
     name="builtin", model="zt-gpt-small", seq_len=128, stages=(0, 1, 2, 3), max_micro_batch=8,
     shows="the built-in example (calibrate/workload.py, data/models/zt-gpt-small.yaml)")
 WIDE_JOB = BenchJob(
     name="wide", model=str(MODELS / "zt-gpt-wide.yaml"), seq_len=64, stages=(0, 1, 2), max_micro_batch=8,
-    shows="a wide, shallow model: communication and optimizer step weigh more than the FLOPs")
+    extra_zero={"reduce_bucket_size": 20_000_000, "allgather_bucket_size": 20_000_000},
+    shows="a wide, shallow model (communication and optimizer step weigh more than the FLOPs) whose user "
+          "sets smaller buckets: DeepSpeed's autotuner replaces the user's zero_optimization with the stage "
+          "alone (autotuner.py run_tuning_micro_batch_sizes), zerotune keeps it")
 LATENCY_JOB = BenchJob(
     name="latency", model="zt-gpt-small", seq_len=128, stages=(0, 1), max_micro_batch=8, metric="latency",
     shows="metric latency: DeepSpeed's autotuner keeps the largest latency; zerotune minimises it")

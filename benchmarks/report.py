@@ -13,8 +13,8 @@ from benchmarks.tools import Tool, ToolRun
 from calibrate.measurement import Measurement
 from predictor import experiment_name
 
-__all__ = ["JobResult", "metric_ratio", "grid_best", "grid_score", "format_markdown", "plot_timeline",
-           "TOOLS"]
+__all__ = ["JobResult", "metric_ratio", "grid_best", "grid_score", "kept_user_zero", "format_markdown",
+           "plot_timeline", "TOOLS"]
 
 TOOLS: tuple[Tool, ...] = ("deepspeed", "zerotune")
 _TITLES = {"deepspeed": "DeepSpeed autotuner", "zerotune": "zerotune"}
@@ -73,6 +73,14 @@ def grid_score(job: BenchJob, grid: Sequence[Measurement], name: str | None) -> 
     return statistics.median(values) / best[1]
 
 
+def kept_user_zero(job: BenchJob, chosen: dict[str, Any] | None) -> bool | None:
+    """Whether the chosen ds_config keeps the user's own zero_optimization keys; None when there are none."""
+    if not job.extra_zero or chosen is None:
+        return None
+    zero = chosen.get("zero_optimization") or {}
+    return all(key in zero and zero[key] == value for key, value in job.extra_zero.items())
+
+
 def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
@@ -88,11 +96,13 @@ def _tool_row(result: JobResult, tool: Tool) -> list[str]:
     return [job.name if tool == TOOLS[0] else "", _TITLES[tool] + status, str(len(run.experiments)),
             f"{run.wall_s:.0f}", result.chosen_name(tool) or "none", measured,
             _fmt(ratio, ".2f") if tool == "zerotune" else "",
-            _fmt(grid_score(job, result.grid, result.chosen_name(tool)), ".2f")]
+            _fmt(grid_score(job, result.grid, result.chosen_name(tool)), ".2f"),
+            {None: "-", True: "yes", False: "no"}[kept_user_zero(job, run.optimal_ds_config)]]
 
 
 HEADER = ["job", "tool", "experiments", "tuning wall s", "chosen", "re-measured samples/s median (±half range, n); "
-          "step", "zerotune / DeepSpeed (job metric)", "grid score (chosen / grid best)"]
+          "step", "zerotune / DeepSpeed (job metric)", "grid score (chosen / grid best)",
+          "user's zero keys kept"]
 
 
 def format_markdown(results: Sequence[JobResult], date: str, command: str) -> str:
@@ -121,12 +131,14 @@ def _pyplot() -> Any:
 
 
 def _draw_tool(ax: Any, run: ToolRun, color: str) -> None:
-    points = [(e.end_s / 60, e.throughput_samples_per_s) for e in run.experiments]
-    ax.scatter([t for t, _ in points], [v if v is not None else 0 for _, v in points], color=color, s=18,
-               label=f"{_TITLES[run.tool]}: {len(points)} runs")
+    measured = [(e.end_s / 60, e.throughput_samples_per_s) for e in run.experiments if e.throughput_samples_per_s]
+    unmeasured = [e.end_s / 60 for e in run.experiments if not e.throughput_samples_per_s]
+    ax.scatter([t for t, _ in measured], [v for _, v in measured], color=color, s=18,
+               label=f"{_TITLES[run.tool]}: {len(run.experiments)} runs")
+    ax.scatter(unmeasured, [0.0] * len(unmeasured), color=color, marker="x", s=24)
     best, xs, ys = 0.0, [0.0], [0.0]
-    for t, v in points:
-        best = max(best, v or 0.0)
+    for t, v in measured:
+        best = max(best, v)
         xs.append(t)
         ys.append(best)
     xs.append(run.wall_s / 60)
@@ -136,8 +148,10 @@ def _draw_tool(ax: Any, run: ToolRun, color: str) -> None:
 
 
 def plot_timeline(results: Sequence[JobResult], path: Path) -> None:
-    """Per job: each tool's experiments (their own measured samples/s; failures at 0) against minutes since
-    the tool started, the running best as a step line, a dotted line where the tool finished."""
+    """Per job: each tool's experiments against minutes since the tool started, at the samples/s the tool
+    itself measured (x at 0: a profiling or failed run), the running best as a step line, a dotted line where
+    the tool finished. The tools time differently (DeepSpeed's engine sums its fwd/bwd/step timers), so
+    heights compare within a tool; the re-measured table compares the tools."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, result in zip(axes[0], results):
@@ -145,7 +159,7 @@ def plot_timeline(results: Sequence[JobResult], path: Path) -> None:
             _draw_tool(ax, result.runs[tool], color)
         ax.set_title(f"{result.job.name} (metric {result.job.metric})")
         ax.set_xlabel("minutes since the tuner started")
-        ax.set_ylabel("samples/s measured during tuning")
+        ax.set_ylabel("samples/s as the tuner measured it")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

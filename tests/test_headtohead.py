@@ -1,0 +1,152 @@
+"""benchmarks/headtohead.py: the pieces of the head-to-head against DeepSpeed's autotuner, and its quick mode
+run for real (both tuners, A/B re-measurement, grid) so the benchmark cannot rot."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.ds_workload import config_argument_to_file
+from benchmarks.jobs import JOBS, QUICK_JOB, grid_points, script_args, user_ds_config
+from benchmarks.measure import Remeasured, config_name, grid_configs
+from benchmarks.report import JobResult, format_markdown, grid_best, grid_score, kept_user_zero, metric_ratio
+from benchmarks.tools import ToolRun, read_experiments
+from calibrate.measurement import Measurement
+from predictor import parse_ds_config
+
+
+def test_base64_config_from_deepspeeds_autotuner_becomes_a_file(tmp_path: Path) -> None:
+    # scheduler.py run_experiment passes urlsafe base64 JSON in place of the ds_config path
+    doc = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}}
+    encoded = base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+    assert len(encoded) > 0 and not Path(encoded).exists()
+    path = config_argument_to_file(encoded, tmp_path)
+    assert json.loads(path.read_text()) == doc
+    existing = tmp_path / "given.json"
+    existing.write_text("{}")
+    assert config_argument_to_file(str(existing), tmp_path / "unused") == existing
+
+
+def test_a_base64_config_longer_than_a_file_name_is_decoded(tmp_path: Path) -> None:
+    doc = {"autotuning": {"metric_path": "x" * 400}}  # os.stat raises ENAMETOOLONG on such a value
+    encoded = base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+    assert json.loads(config_argument_to_file(encoded, tmp_path).read_text()) == doc
+
+
+def test_a_config_argument_that_is_neither_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--deepspeed_config .*neither a file nor base64 JSON"):
+        config_argument_to_file("no-such-config.json", tmp_path)
+
+
+def test_every_job_config_parses_and_the_grid_spans_stages_and_micro_batches() -> None:
+    for job in JOBS.values():
+        doc = user_ds_config(job)
+        assert doc["autotuning"]["end_profile_step"] - doc["autotuning"]["start_profile_step"] == job.measured_steps
+        assert len(grid_configs(job)) == len(grid_points(job))  # names are unique per grid point
+    assert grid_points(QUICK_JOB) == [(0, 1), (0, 2)]
+    assert grid_points(JOBS["builtin"])[-1] == (3, 8)
+
+
+def test_under_a_tuner_the_workload_outlives_deepspeeds_profile_window() -> None:
+    # the engine exits at end_profile_step; the workload must not finish (and write its own metrics) first
+    for job in JOBS.values():
+        args = script_args(job, for_tuner=True)
+        total = int(args[args.index("--steps") + 1]) + int(args[args.index("--warmup") + 1])
+        assert total > user_ds_config(job)["autotuning"]["end_profile_step"]
+
+
+def test_deepspeeds_choice_and_the_grid_point_share_a_name() -> None:
+    # DeepSpeed's ds_config_optimal.json carries train_batch_size; the grid's config does not
+    chosen = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 0}, "train_batch_size": 4}
+    assert config_name(chosen, 2) in grid_configs(QUICK_JOB)
+
+
+def test_deepspeeds_dropping_of_the_users_zero_keys_is_detected() -> None:
+    wide = JOBS["wide"]
+    dropped = {"zero_optimization": {"stage": 1}}  # what autotuner.py run_tuning_micro_batch_sizes writes
+    kept = {"zero_optimization": {"stage": 1, **wide.extra_zero}}
+    assert (kept_user_zero(wide, dropped), kept_user_zero(wide, kept)) == (False, True)
+    assert kept_user_zero(QUICK_JOB, dropped) is None  # the user set nothing to keep
+
+
+def _again(label: str, samples_per_s: tuple[float, ...], step_s: tuple[float, ...]) -> Remeasured:
+    return Remeasured(label, "z0_gas1_tmbspg1", samples_per_s, step_s, ())
+
+
+def test_ratio_is_zerotune_over_deepspeed_and_inverted_for_latency() -> None:
+    zt, ds = _again("zerotune", (10.0, 12.0, 11.0), (0.2, 0.2, 0.2)), _again("deepspeed", (5.0, 6.0, 5.5), (0.1,) * 3)
+    assert metric_ratio(QUICK_JOB, zt, ds) == pytest.approx(2.0)
+    assert metric_ratio(JOBS["latency"], zt, ds) == pytest.approx(0.5)  # 0.1 s over 0.2 s: zerotune slower
+    assert zt.spread_rel == pytest.approx(2.0 / 11.0)
+    assert metric_ratio(QUICK_JOB, zt, None) is None
+
+
+def _grid_row(stage: int, micro: int, samples_per_s: float | None) -> Measurement:
+    doc = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": {"stage": stage}}
+    return Measurement(model=QUICK_JOB.model, hardware="cpu", num_nodes=1, num_gpus_per_node=2,
+                       seq_len=QUICK_JOB.seq_len, config=parse_ds_config(doc, world_size=2),
+                       status="ok" if samples_per_s else "oom", throughput_samples_per_s=samples_per_s)
+
+
+def test_grid_score_is_the_choice_over_the_best_and_ignores_failed_runs() -> None:
+    grid = [_grid_row(0, 1, 50.0), _grid_row(0, 2, 80.0), _grid_row(1, 2, 100.0), _grid_row(1, 1, None)]
+    assert grid_best(QUICK_JOB, grid) == ("z1_gas1_tmbspg2", 100.0)
+    assert grid_score(QUICK_JOB, grid, "z0_gas1_tmbspg2") == pytest.approx(0.8)
+    assert grid_score(QUICK_JOB, grid, "z1_gas1_tmbspg1") is None  # out of memory: no score, not zero
+
+
+def test_experiments_are_read_from_deepspeeds_layout_in_start_order(tmp_path: Path) -> None:
+    for name, start, end, metrics in (("z1_gas1_tmbspg2", 130, 150, {"throughput": 40.0}),
+                                      ("profile_model_info", 100, 120, None)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "exp.json").write_text("{}")
+        os.utime(folder / "exp.json", (start, start))
+        (folder / "stdout.log").write_text("")
+        os.utime(folder / "stdout.log", (end, end))
+        if metrics:
+            (folder / "metrics.json").write_text(json.dumps(metrics))
+            os.utime(folder / "metrics.json", (end, end))
+    (tmp_path / "summary.txt").write_text("")
+    found = read_experiments(tmp_path, started_at=90.0, key="throughput")
+    assert [(e.name, e.start_s, e.end_s, e.throughput_samples_per_s) for e in found] == [
+        ("profile_model_info", 10.0, 30.0, None), ("z1_gas1_tmbspg2", 40.0, 60.0, 40.0)]
+
+
+def test_table_has_a_row_per_tool_with_counts_choice_and_ratio(tmp_path: Path) -> None:
+    chosen = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}
+    runs = {"deepspeed": ToolRun("deepspeed", tmp_path, 0, 130.0, (), chosen),
+            "zerotune": ToolRun("zerotune", tmp_path, 0, 40.0, (), chosen)}
+    again = {"deepspeed": _again("deepspeed", (50.0, 52.0, 48.0), (0.08,) * 3),
+             "zerotune": _again("zerotune", (51.0, 49.0, 50.0), (0.08,) * 3)}
+    grid = (_grid_row(1, 2, 100.0), _grid_row(0, 2, 125.0))
+    table = format_markdown([JobResult(QUICK_JOB, runs, again, grid)], "2026-01-01", "cmd")
+    rows = [line for line in table.splitlines() if "| DeepSpeed autotuner |" in line or "| zerotune |" in line]
+    assert len(rows) == 2
+    assert "| 130 | z1_gas1_tmbspg2 | 50.00 (±4%, n=3)" in rows[0]
+    assert rows[1].endswith("| 1.00 | 0.80 | - |")  # ratio 50/50; grid score 100/125
+
+
+@pytest.mark.deepspeed
+def test_quick_mode_runs_both_tuners_and_re_measures_their_choices(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from benchmarks.headtohead import main
+    assert main(["--quick", "--out", str(tmp_path)]) == 0
+    [summary] = json.loads((tmp_path / "results.json").read_text())
+    ds, zt = summary["tools"]["deepspeed"], summary["tools"]["zerotune"]
+    assert ds["returncode"] == 0 and zt["returncode"] == 0
+    assert ds["experiments"][0]["name"] == "profile_model_info"  # DeepSpeed profiles the model first
+    assert 1 <= zt["num_experiments"] <= 3  # zerotune's default top_k
+    for tool in (ds, zt):
+        assert tool["chosen"] is not None and tool["chosen_ds_config"]["zero_optimization"]["stage"] == 0
+        assert len(tool["remeasured"]["throughput_samples_per_s"]) == 3, tool["remeasured"]["failures"]
+        assert 0 < tool["grid_score"] <= 1.0
+    assert summary["ratio_zerotune_over_deepspeed"] > 0
+    assert summary["grid_runs"] >= len(grid_configs(QUICK_JOB))
+    assert "| quick | DeepSpeed autotuner" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
