@@ -310,3 +310,9 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
     assert (model.num_layers, model.hidden_size) == (12, 768) and "model_info" in model.source
     with pytest.raises(ValueError, match="give --model"):
         profile_model(settings, lambda spec: RunResult("failed", "ValueError: boom", 1, 1.0, spec.run_dir, None))
+
+
+def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:
+    best = parse_ds_config({"train_micro_batch_size_per_gpu": 8}, world_size=WORLD)
+    assert lr_advice({"train_micro_batch_size_per_gpu": [1, 8]}, best, WORLD) is None
+    assert lr_advice({"train_micro_batch_size_per_gpu": "auto"}, best, WORLD) is None

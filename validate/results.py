@@ -207,10 +207,11 @@ def lr_advice(doc: Mapping[str, Any], best: DSConfig, world_size: int) -> str | 
     """What to do with the learning rate when the tuned global batch differs from the user's: Adam-family
     optimizers scale it with the square root of the batch ratio, SGD linearly (Goyal et al. 2017; Malladi
     et al. 2022), as DeepSpeed's autotuning documentation advises."""
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    if any(k in doc and not isinstance(doc[k], int) for k in keys):
+        return None  # a list or "auto": the user had no batch of their own to compare with
     try:
-        micro, gas = resolve_batch({k: v for k, v in doc.items() if k in ("train_batch_size",
-                                   "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-                                    and isinstance(v, int)}, world_size // best.mp_size)
+        micro, gas = resolve_batch({k: doc[k] for k in keys if k in doc}, world_size // best.mp_size)
     except ValueError:
         return None
     old = micro * gas * world_size // best.mp_size
