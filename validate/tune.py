@@ -430,7 +430,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> str:
     run_dir = Path(at.results_dir) / "model_info"
     info_path = (run_dir / "model_info.json").resolve()
     info_path.unlink(missing_ok=True)
-    run = launcher(_launch_spec(settings, model_info_ds_config(cfg, world, info_path), run_dir, settings.command.args))
+    doc = model_info_ds_config(cfg, world, info_path)
+    run = launcher(_launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc)))
     try:
         info = json.loads(info_path.read_text())
         num_params = int(info["num_params"])
@@ -438,9 +439,9 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> str:
         raise ValueError(f"the profiling run of {settings.command.script} reported no parameter count ({run.status}"
                          f"{': ' + run.reason if run.reason else ''}; see {run_dir}); give --model") from None
     source = f"derived by zerotune tune from DeepSpeed's model_info profile: num_params {num_params} ({info_path})"
-    doc = model_from_num_params(num_params, f"profiled-{settings.command.script.stem}", source)
+    model_doc = model_from_num_params(num_params, f"profiled-{settings.command.script.stem}", source)
     path = Path(at.results_dir) / "model_profiled.yaml"
-    write_text_atomic(path, yaml.safe_dump(doc, sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(model_doc, sort_keys=False))
     return str(path)
 
 
