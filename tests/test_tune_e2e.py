@@ -139,3 +139,15 @@ def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
     assert by_micro[4].resumed and by_micro[4].status == "failed"
     assert not by_micro[2].resumed and by_micro[2].status == "ok"
     assert outcome.best is not None and outcome.best.name == by_micro[2].name
+
+
+def test_model_information_from_one_profiling_run_of_the_script(tmp_path: Path) -> None:
+    from predictor import load_model
+    from validate.tune import profile_model
+    settings = _fault_settings(tmp_path, [2], "", top_k=1, timeout_s=240)
+    path = profile_model(settings)
+    model = load_model(path)
+    # DeepSpeed's engine counts tiny-gpt's 141,056 parameters (tests/test_launch.py); the GPT-2-shaped model
+    # derived from the count carries it within the rounding of whole heads (one layer of width 64 here)
+    assert "num_params 141056" in model.source
+    assert model.num_params == pytest.approx(141_056, rel=0.2)
