@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify"]
+__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "failure_reason",
+           "write_json_atomic"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
@@ -127,9 +128,16 @@ def deepspeed_command(spec: LaunchSpec) -> list[str]:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write then rename: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """One JSON document, atomically (metrics files, run-folder records); NaN is refused, not written."""
+    _write_atomic(path, json.dumps(doc, indent=1, allow_nan=False))
 
 
 def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
@@ -137,11 +145,11 @@ def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
     metrics = spec.run_dir / "metrics.json"
     metrics.unlink(missing_ok=True)  # a metrics file from an earlier run in this folder must not count
     autotuning = {**(spec.ds_config.get("autotuning") or {}), "metric_path": str(metrics.resolve())}
-    _write_atomic(spec.run_dir / "ds_config.json", json.dumps({**spec.ds_config, "autotuning": autotuning}, indent=2))
+    write_json_atomic(spec.run_dir / "ds_config.json", {**spec.ds_config, "autotuning": autotuning})
     env_lines = [f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
     _write_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
     from calibrate.environment import collect_environment
-    _write_atomic(spec.run_dir / "environment.json", json.dumps(collect_environment(query_device=False), indent=2))
+    write_json_atomic(spec.run_dir / "environment.json", collect_environment(query_device=False))
 
 
 def _limit_memory(limit_bytes: int | None):  # type: ignore[no-untyped-def]

@@ -26,7 +26,6 @@ without them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -222,12 +221,6 @@ def run_microbenchmarks(run_dir: Path, *, num_gpus: int | None = None, num_nodes
     return result.metrics
 
 
-def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
-    os.replace(tmp, path)
-
 
 def main(argv: list[str] | None = None) -> None:
     """The script run under the launcher: collectives on all ranks, the rest on rank 0, JSON from rank 0."""
@@ -235,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     import deepspeed.comm as dist
     from deepspeed.accelerator import get_accelerator
     from calibrate.environment import collect_environment
+    from calibrate.launch import write_json_atomic
     p = argparse.ArgumentParser(description="zerotune microbenchmarks (run under the deepspeed launcher)")
     p.add_argument("--quick", action="store_true", help="a few sizes only (CI)")
     p.add_argument("--metrics_out", type=Path, required=True)
@@ -251,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
                "memory_bandwidth_bytes_per_s": memory_bandwidth_bytes_per_s(args.quick),
                "host_to_device_bytes_per_s": host_to_device_bytes_per_s(args.quick),
                "environment": collect_environment()}
-        _write_json_atomic(args.metrics_out, doc)
+        write_json_atomic(args.metrics_out, doc)
     dist.barrier()  # the other ranks wait rather than exit while rank 0 measures on its own
 
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
+from calibrate.launch import write_json_atomic  # noqa: E402
 from predictor import ModelSpec, load_model  # noqa: E402
 from predictor.flops import micro_batch_flops  # noqa: E402
 
@@ -264,12 +265,6 @@ def _metrics(engine: Any, spec: ModelSpec, args: argparse.Namespace, step_s: lis
     }
 
 
-def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
-    os.replace(tmp, path)
-
 
 def main(argv: list[str] | None = None) -> None:
     import deepspeed
@@ -278,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = json.loads(args.deepspeed_config.read_text())
     cfg.setdefault("wall_clock_breakdown", True)  # the fwd / bwd / step timers are read each step
     spec = load_model(args.model)
+    if get_accelerator().device_name() != "cpu":  # one device per rank before anything is allocated
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
     stage = int((cfg.get("zero_optimization") or {}).get("stage", 0))
     torch.manual_seed(0)
@@ -293,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     step_s, timers = _train(engine, spec, args)
     metrics = _metrics(engine, spec, args, step_s, timers, device)
     if engine.global_rank == 0:
-        _write_json_atomic(_metrics_path(args, cfg), metrics)
+        write_json_atomic(_metrics_path(args, cfg), metrics)
         print(f"zerotune workload: step {metrics['step_s']:.3f} s, peak {metrics['peak_memory_bytes'] / 2**20:.0f} "
               f"MiB, metrics in {_metrics_path(args, cfg)}", flush=True)
 
