@@ -316,3 +316,24 @@ def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:
     best = parse_ds_config({"train_micro_batch_size_per_gpu": 8}, world_size=WORLD)
     assert lr_advice({"train_micro_batch_size_per_gpu": [1, 8]}, best, WORLD) is None
     assert lr_advice({"train_micro_batch_size_per_gpu": "auto"}, best, WORLD) is None
+
+
+def test_run_tune_prints_the_pick_and_advice_then_trains_with_the_optimal_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from validate import tune as tune_module
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": [6, 7, 8], "zero_optimization": {"stage": 0},
+                              "autotuning": {"fast": True, "results_dir": str(tmp_path / "results"),
+                                             "exps_dir": str(tmp_path / "exps")}}))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    trained = []
+    monkeypatch.setattr(tune_module.subprocess, "call", lambda cmd, env: trained.append((cmd, env)) or 0)
+    args = parser.parse_args(["--run", "--deepspeed", str(ds), "--model", TINY, "--seq_len", "32", "--hardware",
+                              "cpu", "--explore", "none", "--top_k", "1"])
+    assert tune_module.run_tune(args, FakeLauncher()) == 0
+    out = capsys.readouterr().out
+    assert "optimal z0_gas1_tmbspg8" in out and "| global" in out
+    (cmd, env), = trained
+    assert cmd[-2:] == ["--deepspeed_config", str((tmp_path / "results" / "ds_config_optimal.json").resolve())]
+    assert env["DS_ACCELERATOR"] == "cpu"

@@ -445,14 +445,14 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> str:
     return str(path)
 
 
-def run_tune(args: argparse.Namespace) -> int:
+def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     """The `tune` verb: 0 when a configuration was measured (and --run trained), 1 when none finished,
     130 on Ctrl-C; user mistakes raise ValueError (the CLI prints one line and exits 2)."""
     settings = settings_from_args(args)
     try:
         if not settings.model:
-            settings = replace(settings, model=profile_model(settings))
-        outcome = tune(settings)
+            settings = replace(settings, model=profile_model(settings, launcher))
+        outcome = tune(settings, launcher)
     except KeyboardInterrupt:
         print("zerotune tune: interrupted; every rank was stopped. Rerun the same command to resume.", file=sys.stderr)
         return 130
