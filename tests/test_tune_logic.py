@@ -337,3 +337,10 @@ def test_run_tune_prints_the_pick_and_advice_then_trains_with_the_optimal_comman
     (cmd, env), = trained
     assert cmd[-2:] == ["--deepspeed_config", str((tmp_path / "results" / "ds_config_optimal.json").resolve())]
     assert env["DS_ACCELERATOR"] == "cpu"
+
+
+def test_resume_reruns_an_experiment_that_ran_with_other_arguments(tmp_path: Path) -> None:
+    tune(_settings(tmp_path, [6, 7, 8], [0], top_k=1, args=("--lr", "1")), FakeLauncher(), log=lambda _: None)
+    launcher = FakeLauncher()
+    outcome = tune(_settings(tmp_path, [6, 7, 8], [0], top_k=1, args=("--lr", "2")), launcher, log=lambda _: None)
+    assert len(launcher.calls) == 1 and not outcome.results[0].resumed

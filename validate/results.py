@@ -134,8 +134,9 @@ def result_dict(result: ExperimentResult) -> dict[str, Any]:
             "wall_s": result.wall_s}
 
 
-def load_finished(layout: Layout, name: str, world_size: int) -> ExperimentResult | None:
-    """The recorded result of an experiment an earlier tune finished, or None (never run, or interrupted)."""
+def load_finished(layout: Layout, name: str, world_size: int, same_run: Mapping[str, Any]) -> ExperimentResult | None:
+    """The recorded result of an experiment an earlier tune finished, or None: never run, interrupted, or run
+    differently (its exp.json disagrees with `same_run` on the config, script, arguments or job)."""
     path = layout.run_dir(name) / "exp.json"
     try:
         doc = json.loads(path.read_text())
@@ -143,6 +144,8 @@ def load_finished(layout: Layout, name: str, world_size: int) -> ExperimentResul
         return None
     result = doc.get("result") if isinstance(doc, dict) else None
     if not isinstance(result, dict) or "status" not in result:
+        return None
+    if any(doc.get(key) != value for key, value in same_run.items()):
         return None
     ds_config = {k: v for k, v in doc["ds_config"].items() if k != "autotuning"}
     return ExperimentResult(name, parse_ds_config(ds_config, world_size=world_size),

@@ -219,17 +219,19 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
                    cfg: DSConfig, prediction: Prediction, launcher: Launcher) -> ExperimentResult:
     """Run one configuration (or read back its earlier result) and record it in the layout."""
     name, world = experiment_name(cfg), job.cluster.world_size
+    ds_config = experiment_ds_config(cfg, world, at)
+    args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
+    same_run = {"ds_config": ds_config, "user_script": str(settings.command.script), "user_args": list(args),
+                "job": {"model": settings.model, "hardware": settings.hardware, "seq_len": job.seq_len}}
     if not at.overwrite:
-        finished = load_finished(layout, name, world)
+        finished = load_finished(layout, name, world, same_run)
         if finished is not None:
             return finished
-    ds_config = experiment_ds_config(cfg, world, at)
     run_dir = layout.run_dir(name)
     exp = exp_document(name, exp_id, ds_config, job.cluster.num_gpus_per_node, job.cluster.num_nodes, run_dir,
                        prediction)
     write_json_atomic(layout.exp_path(name), exp)
-    args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
-    exp.update(user_script=str(settings.command.script), user_args=list(args))
+    exp.update(same_run)
     write_json_atomic(run_dir / "exp.json", exp)  # no result yet: an interrupted experiment is rerun
     try:
         run = launcher(_launch_spec(settings, ds_config, run_dir, args))
