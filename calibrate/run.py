@@ -42,16 +42,29 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
         raise ValueError(f"--max_probes {max_probes}: calibration uses at most 6 probe runs; pass 6 or fewer")
     hw = load_hardware(hardware)
     cluster = ClusterSpec(hw, num_nodes or 1, num_gpus or hw.gpus_per_node)
-    job = Job(load_model(model or DEFAULT_PROBE_MODEL), cluster, seq_len or DEFAULT_PROBE_SEQ_LEN)
+    job = Job(load_model(model or DEFAULT_PROBE_MODEL), cluster, seq_len or DEFAULT_PROBE_SEQ_LEN)  # checks early
     root = run_root or Path("zerotune_calibration") / hw.name
     host = Path(hostfile) if hostfile else None
     progress(f"microbenchmarks on {cluster.world_size} x {hw.name} -> {root / 'microbench'}")
     micro = run_microbenchmarks(root / "microbench", num_gpus=num_gpus, num_nodes=num_nodes, hostfile=host,
                                 quick=quick, timeout_s=timeout_s)
     environment = {**collect_environment(), "microbenchmarks": micro}
-    measurements = run_probes(job, root / "probes", num_gpus=num_gpus, num_nodes=num_nodes, hostfile=host,
-                              max_probes=max_probes, quick=quick, timeout_s=timeout_s, progress=progress)
+    base = starting_efficiency(environment, hw.name)
+    steps = {"steps": 3, "warmup": 1} if quick else {}
+    measurements = run_probes(model or DEFAULT_PROBE_MODEL, hardware, root / "probes", num_gpus=cluster.num_gpus_per_node,
+                              num_nodes=cluster.num_nodes, seq_len=job.seq_len, max_probes=max_probes,
+                              timeout_s=timeout_s, hostfile=host, efficiency=base, progress=progress,
+                              base=_probe_base(hw), **steps)
     return Measured(tuple(measurements), environment)
+
+
+def _probe_base(hw: Any) -> Any:
+    """Probes train in the precision a user of this device would: bf16 or fp16 on accelerators; fp32 on the CPU,
+    where bf16 runs 5-15x slower than fp32 and fp16 does not run."""
+    from predictor import DSConfig
+    if hw.kind == "cpu" or not (hw.supports("bf16") or hw.supports("fp16")):
+        return DSConfig(precision="fp32")
+    return DSConfig(precision="bf16" if hw.supports("bf16") else "fp16")
 
 
 def starting_efficiency(environment: dict[str, Any], hardware: str) -> Efficiency:
