@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_calibrate(verbs)
+    from validate.tune import add_tune_arguments
+    add_tune_arguments(verbs.add_parser(
+        "tune", help="run only the top-k predicted configurations as real DeepSpeed experiments and write "
+                     "ds_config_optimal.json (a drop-in for deepspeed --autotuning tune)"))
     return parser
 
 
@@ -271,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
     try:
+        if args.verb == "tune":
+            from validate.tune import run_tune
+            return run_tune(args)
         return {"predict": _predict, "calibrate": _calibrate}[args.verb](args)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a run that could not be measured, said in one line
         print(f"zerotune: error: {exc}", file=sys.stderr)
