@@ -37,29 +37,37 @@ MIN_REPEATS = 3
 """Issue 6: at least three independent re-measurements of each choice."""
 
 
-def grid_for(job: BenchJob, chosen: dict[str, dict[str, Any]], known: list[Measurement],
-             folder: Path) -> tuple[Measurement, ...]:
-    """The grid plus the chosen configurations: rows already measured for this model and sequence length
-    (published or by an earlier job) are reused, the rest are run once now and added to `known`."""
-    wanted = {**grid_configs(job), **chosen}
+def _by_name(job: BenchJob, rows: Sequence[Measurement]) -> dict[str, Measurement]:
     model = load_model(job.model).name
-    have = {experiment_name(m.config): m for m in known
+    return {experiment_name(m.config): m for m in rows
             if m.seq_len == job.seq_len and m.world_size == job.num_gpus and load_model(m.model).name == model}
-    missing = {name: doc for name, doc in wanted.items() if name not in have}
-    measured = measure_grid(job, missing, folder) if missing else []
-    known.extend(measured)
+
+
+def grid_for(job: BenchJob, chosen: dict[str, dict[str, Any]], published: Sequence[Measurement],
+             measured_here: list[Measurement], folder: Path) -> tuple[Measurement, ...]:
+    """The grid plus the chosen configurations, all measured one way: published rows when they cover all of
+    it, else this run's own (an earlier job's rows for the same model and sequence length are reused, the
+    rest are run now and added to `measured_here`). Never a mix, so no row is judged by another method."""
+    wanted = {**grid_configs(job), **chosen}
+    for rows in (published, measured_here):
+        have = _by_name(job, rows)
+        if all(name in have for name in wanted):
+            return tuple(have[name] for name in wanted)
+    have = _by_name(job, measured_here)
+    measured = measure_grid(job, {n: doc for n, doc in wanted.items() if n not in have}, folder)
+    measured_here.extend(measured)
     have.update({experiment_name(m.config): m for m in measured})
     return tuple(have[name] for name in wanted if name in have)
 
 
-def run_job(job: BenchJob, out: Path, repeats: int, grid: str, known: list[Measurement],
-            tool_timeout_s: float) -> JobResult:
+def run_job(job: BenchJob, out: Path, repeats: int, grid: str, published: Sequence[Measurement],
+            measured_here: list[Measurement], tool_timeout_s: float) -> JobResult:
     folder = out / job.name
     runs = {tool: run_tool(tool, job, folder / tool, tool_timeout_s) for tool in TOOLS}
     chosen = {tool: run.optimal_ds_config for tool, run in runs.items() if run.optimal_ds_config is not None}
     again = ab_remeasure(job, chosen, repeats, folder / "ab") if chosen else {}
     named = {config_name(doc, job.num_gpus): doc for doc in chosen.values()}
-    rows = grid_for(job, named, known, folder / "grid") if grid != "skip" else ()
+    rows = grid_for(job, named, published, measured_here, folder / "grid") if grid != "skip" else ()
     return JobResult(job, runs, again, rows)  # type: ignore[arg-type]
 
 
@@ -93,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("headtohead_results"), help="folder for every run and the table")
     p.add_argument("--repeats", type=int, default=MIN_REPEATS, help="re-measurements of each choice (>= 3)")
     p.add_argument("--grid", choices=("auto", "skip"), default="auto",
-                   help="auto: reuse data/measurements/cpu_grid_*.jsonl rows, measure the rest; skip: no grid")
+                   help="auto: data/measurements/cpu_grid_*.jsonl rows when they cover the job's grid and both "
+                        "choices (validate/grid.py writes them), else measure it here; skip: no grid")
     p.add_argument("--tool_timeout_s", type=float, default=3600.0, help="time limit of each tuner per job")
     return p
 
@@ -109,8 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"headtohead: error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    known = [m for job in jobs for m in load_published_grid(job)] if args.grid == "auto" else []
-    results = [run_job(job, args.out, args.repeats, args.grid, known, args.tool_timeout_s) for job in jobs]
+    published = [m for job in jobs for m in load_published_grid(job)] if args.grid == "auto" else []
+    measured_here: list[Measurement] = []
+    results = [run_job(job, args.out, args.repeats, args.grid, published, measured_here, args.tool_timeout_s)
+               for job in jobs]
     date = datetime.date.today().isoformat()
     command = shlex.join(["python", "-m", "benchmarks.headtohead", *(argv if argv is not None else sys.argv[1:])])
     table = format_markdown(results, date, command)

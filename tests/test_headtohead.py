@@ -150,3 +150,21 @@ def test_quick_mode_runs_both_tuners_and_re_measures_their_choices(tmp_path: Pat
     assert summary["grid_runs"] >= len(grid_configs(QUICK_JOB))
     assert "| quick | DeepSpeed autotuner" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
+
+
+def test_grid_rows_are_never_mixed_from_two_measuring_methods(tmp_path: Path, monkeypatch) -> None:
+    from benchmarks import headtohead
+    asked: list[list[str]] = []
+
+    def fake_measure(job, configs, folder):  # type: ignore[no-untyped-def]
+        asked.append(sorted(configs))
+        return [_grid_row(0, int(name.rsplit("tmbspg", 1)[1]), 10.0) for name in configs]
+
+    monkeypatch.setattr(headtohead, "measure_grid", fake_measure)
+    published = [_grid_row(0, 1, 50.0), _grid_row(0, 2, 80.0)]
+    rows = headtohead.grid_for(QUICK_JOB, {}, published, [], tmp_path)
+    assert [m.throughput_samples_per_s for m in rows] == [50.0, 80.0] and asked == []  # covered: reused
+    chosen = {"z0_gas1_tmbspg4": {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0}}}
+    rows = headtohead.grid_for(QUICK_JOB, chosen, published, [], tmp_path)
+    assert asked == [["z0_gas1_tmbspg1", "z0_gas1_tmbspg2", "z0_gas1_tmbspg4"]]  # not covered: all re-run here
+    assert {m.throughput_samples_per_s for m in rows} == {10.0}
