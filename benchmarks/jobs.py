@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from predictor.rank import Metric
 
 __all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "user_ds_config", "script_args", "grid_points",
            "job_by_name"]
@@ -17,7 +19,6 @@ __all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "user_ds_config", "scri
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "ds_workload.py"
 MODELS = HERE / "models"
-Metric = Literal["throughput", "latency", "flops"]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -102,7 +103,7 @@ def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float)
         try:
             return proc.wait(timeout=timeout_s), time.monotonic() - start
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)  # the tool's launcher and every rank it started share its session
+            os.killpg(proc.pid, signal.SIGKILL)  # the tool's launcher and every rank it started share its session
             proc.wait()
             return None, time.monotonic() - start
 
