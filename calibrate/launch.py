@@ -162,17 +162,14 @@ def _limit_memory(limit_bytes: int | None):  # type: ignore[no-untyped-def]
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the launcher's whole process group, then SIGKILL whatever is left."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM the launcher's whole process group, give it grace_s, then SIGKILL whatever is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
     _reap_group(proc.pid)
+    proc.wait()
 
 
 def _reap_group(pgid: int) -> None:

@@ -64,7 +64,7 @@ def _spread(probes: list[Probe], count: int) -> list[Probe]:
 
 
 def select_probes(job: Job, base: DSConfig = DSConfig(), eff: Efficiency = Efficiency(),
-                  max_probes: int = MAX_PROBES, max_step_s: float = 20.0) -> list[Probe]:
+                  max_probes: int = MAX_PROBES, max_step_s: float = 10.0) -> list[Probe]:
     """At most max_probes configurations: a micro-batch sweep at the lowest stage that fits, then the other
     stages at the sweep's middle micro-batch (or their largest that fits, if smaller). When nothing fits,
     the same with activation checkpointing on."""
