@@ -45,16 +45,19 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
     job = Job(load_model(model or DEFAULT_PROBE_MODEL), cluster, seq_len or DEFAULT_PROBE_SEQ_LEN)  # checks early
     root = run_root or Path("zerotune_calibration") / hw.name
     host = Path(hostfile) if hostfile else None
+    # DeepSpeed picks the CPU accelerator only when told (or when it finds no device); one thread per rank keeps
+    # ranks from fighting over cores.
+    env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if hw.kind == "cpu" else {}
     progress(f"microbenchmarks on {cluster.world_size} x {hw.name} -> {root / 'microbench'}")
-    micro = run_microbenchmarks(root / "microbench", num_gpus=num_gpus, num_nodes=num_nodes, hostfile=host,
-                                quick=quick, timeout_s=timeout_s)
+    micro = run_microbenchmarks(root / "microbench", num_gpus=cluster.num_gpus_per_node, num_nodes=num_nodes,
+                                hostfile=host, quick=quick, timeout_s=timeout_s, env=env)
     environment = {**collect_environment(), "microbenchmarks": micro}
     base = starting_efficiency(environment, hw.name)
     steps = {"steps": 3, "warmup": 1} if quick else {}
     measurements = run_probes(model or DEFAULT_PROBE_MODEL, hardware, root / "probes", num_gpus=cluster.num_gpus_per_node,
                               num_nodes=cluster.num_nodes, seq_len=job.seq_len, max_probes=max_probes,
                               timeout_s=timeout_s, hostfile=host, efficiency=base, progress=progress,
-                              base=_probe_base(hw), **steps)
+                              base=_probe_base(hw), env=env, **steps)
     return Measured(tuple(measurements), environment)
 
 
