@@ -27,7 +27,11 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.
     replicated = 4 * h * d + 2 * h * mask
     # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP.
-    attention = (h + 2 * kv + h) * d + a * s * (d + (mask + d if model.dropout else 0))
+    if model.attention == "flash":
+        scores = a * FP32_BYTES  # the fp32 log-sum-exp of each query row, per head
+    else:
+        scores = a * s * (d + (mask + d if model.dropout else 0))
+    attention = (h + 2 * kv + h) * d + scores
     mlp = (4 * f if model.gated_mlp else 2 * f) * d
     per_token = replicated + (attention + mlp) / tp
     return float(per_token * s * micro_batch)

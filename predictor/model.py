@@ -53,6 +53,10 @@ class ModelSpec:
     mlp_bias: bool = True
     dropout: bool = True
     """Whether dropout layers run in training; their masks are stored for backward (Korthikanti 2022)."""
+    attention: Literal["eager", "flash"] = "eager"
+    """How attention runs: 'eager' materialises the s x s scores, softmax and its dropout mask per head
+    (Korthikanti's 5as^2b term); 'flash' (FlashAttention, PyTorch's scaled_dot_product_attention) keeps only the
+    row-wise log-sum-exp and regenerates the rest in backward (Dao et al. 2022, sec. 3.1)."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings."""
     embedding_norm: bool = False

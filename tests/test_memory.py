@@ -115,3 +115,17 @@ def test_unsupported_precision_is_refused() -> None:
 def test_offload_param_needs_stage3(gpt2_job) -> None:
     with pytest.raises(ValueError, match="offload_param needs ZeRO stage 3"):
         estimate_memory(gpt2_job, mixed(2, offload_param=OffloadConfig(device="cpu")))
+
+
+def test_flash_attention_keeps_no_scores():
+    """FlashAttention stores only the fp32 log-sum-exp per head and query (Dao et al. 2022, sec. 3.1):
+    Korthikanti's 5as^2b bytes per block (16-bit, dropout) become 4ab s."""
+    import dataclasses
+
+    from predictor.activations import layer_activation_bytes
+    from predictor import load_model
+    eager = load_model("gpt2")
+    flash = dataclasses.replace(eager, attention="flash")
+    b, s, a = 2, 1024, eager.num_heads
+    saved = layer_activation_bytes(eager, b, s, 2) - layer_activation_bytes(flash, b, s, 2)
+    assert saved == 5 * a * s * s * b - 4 * a * s * b

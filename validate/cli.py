@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq_len", type=_positive("--seq_len"),
                    help=f"tokens per sample (default: the model's positions, at most {planning.DEFAULT_MAX_SEQ_LEN})")
     p.add_argument("--precision", choices=("fp16", "bf16", "fp32"))
+    p.add_argument("--attention", choices=("eager", "flash"),
+                   help="how the model runs attention (default: the model file's, eager for catalog models): "
+                        "flash (FlashAttention / PyTorch SDPA) stores no s x s scores")
     p.add_argument("--activation_checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--offload_optimizer", choices=("none", "cpu", "nvme"))
     p.add_argument("--offload_param", choices=("none", "cpu", "nvme"))
@@ -200,7 +203,8 @@ def _predict(args: argparse.Namespace) -> int:
     if args.plot and not args.rank:
         raise ValueError("--plot draws the ranked space; add --rank")
     doc = _doc(args)
-    job_of = lambda hw, nodes: planning.build_job(args.model, hw, nodes, args.num_gpus, args.seq_len)  # noqa: E731
+    job_of = lambda hw, nodes: planning.build_job(args.model, hw, nodes, args.num_gpus, args.seq_len,  # noqa: E731
+                                                  args.attention)
     if len(args.num_nodes) > 1:
         plan, calibrated = _plan_for(args, args.hardware[0], doc)
         jobs = [(f"{n} node(s)", job_of(args.hardware[0], n)) for n in args.num_nodes]

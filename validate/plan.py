@@ -3,6 +3,7 @@ and GPUs. Pure prediction: nothing here runs anything."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -28,8 +29,11 @@ class Plan:
     top: int = 10
 
 
-def build_job(model: str, hardware: str, num_nodes: int, num_gpus: int, seq_len: int | None) -> Job:
+def build_job(model: str, hardware: str, num_nodes: int, num_gpus: int, seq_len: int | None,
+              attention: str | None = None) -> Job:
     spec = load_model(model)
+    if attention is not None:
+        spec = dataclasses.replace(spec, attention=attention)
     cluster = ClusterSpec(load_hardware(hardware), num_nodes, num_gpus)
     return Job(spec, cluster, seq_len or min(spec.max_position_embeddings, DEFAULT_MAX_SEQ_LEN))
 
