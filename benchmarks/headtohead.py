@@ -60,11 +60,20 @@ def grid_for(job: BenchJob, chosen: dict[str, dict[str, Any]], published: Sequen
     return tuple(have[name] for name in wanted if name in have)
 
 
+def _log(message: str) -> None:
+    print(f"headtohead: {message}", file=sys.stderr, flush=True)
+
+
 def run_job(job: BenchJob, out: Path, repeats: int, grid: str, published: Sequence[Measurement],
             measured_here: list[Measurement], tool_timeout_s: float) -> JobResult:
     folder = out / job.name
-    runs = {tool: run_tool(tool, job, folder / tool, tool_timeout_s) for tool in TOOLS}
+    runs = {}
+    for tool in TOOLS:
+        _log(f"job {job.name}: {tool} tuning in {folder / tool}")
+        runs[tool] = run_tool(tool, job, folder / tool, tool_timeout_s)
+        _log(f"job {job.name}: {tool} ran {len(runs[tool].experiments)} experiments in {runs[tool].wall_s:.0f} s")
     chosen = {tool: run.optimal_ds_config for tool, run in runs.items() if run.optimal_ds_config is not None}
+    _log(f"job {job.name}: re-measuring {', '.join(chosen)} {repeats} times each, alternated")
     again = ab_remeasure(job, chosen, repeats, folder / "ab") if chosen else {}
     named = {config_name(doc, job.num_gpus): doc for doc in chosen.values()}
     rows = grid_for(job, named, published, measured_here, folder / "grid") if grid != "skip" else ()
@@ -94,6 +103,14 @@ def summary_dict(result: JobResult) -> dict[str, Any]:
                                                           result.remeasured.get("deepspeed"))}
 
 
+def _write_outputs(results: Sequence[JobResult], out: Path, command: str) -> str:
+    table = format_markdown(results, datetime.date.today().isoformat(), command)
+    (out / "results.md").write_text(table)
+    (out / "results.json").write_text(json.dumps([summary_dict(r) for r in results], indent=1, default=str))
+    plot_timeline(results, out / "timeline.png")
+    return table
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.headtohead", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one tiny job, fewest steps (CI)")
@@ -120,14 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     published = [m for job in jobs for m in load_published_grid(job)] if args.grid == "auto" else []
     measured_here: list[Measurement] = []
-    results = [run_job(job, args.out, args.repeats, args.grid, published, measured_here, args.tool_timeout_s)
-               for job in jobs]
-    date = datetime.date.today().isoformat()
     command = shlex.join(["python", "-m", "benchmarks.headtohead", *(argv if argv is not None else sys.argv[1:])])
-    table = format_markdown(results, date, command)
-    (args.out / "results.md").write_text(table)
-    (args.out / "results.json").write_text(json.dumps([summary_dict(r) for r in results], indent=1, default=str))
-    plot_timeline(results, args.out / "timeline.png")
+    results: list[JobResult] = []
+    table = ""
+    for job in jobs:  # the table is rewritten after each job: a run cut short keeps what it finished
+        results.append(run_job(job, args.out, args.repeats, args.grid, published, measured_here,
+                               args.tool_timeout_s))
+        table = _write_outputs(results, args.out, command)
     print(table)
     return 0
 
