@@ -101,9 +101,10 @@ def test_fit_verdicts_agree_where_measured(scores) -> None:
         assert scores[name].verdict_agreement == 1.0, name
     # ZeRO Table 2's largest trained models: their model states fit the V100's 32 GB (10/10).
     assert scores["zero2020_table2_max_model_size"].verdict_agreement == 1.0
-    # llm-foundry runs with flash attention; zerotune counts eager attention's a*s^2 scores, so it calls
-    # most runs out of memory: 26/209 (12.4%) agree when written. A floor, so a regression shows.
-    assert scores["llmfoundry_mpt_fsdp"].verdict_agreement >= 0.10
+    # llm-foundry runs with flash attention (its notes say so, and the scorer then predicts flash): 98/209
+    # (46.9%) agree when written, 26/209 with eager attention. The rest zerotune calls out of memory, mostly
+    # the largest micro-batches of the 30B/70B runs. A floor, so a regression shows.
+    assert scores["llmfoundry_mpt_fsdp"].verdict_agreement >= 0.44
 
 
 def test_ranking_guard_on_vtrain_single(scores) -> None:

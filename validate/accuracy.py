@@ -24,6 +24,8 @@ num_heads and learned positions of seq_len rows.
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import json
 import re
@@ -252,6 +254,8 @@ def row_case(row: dict[str, Any], row_id: str) -> Case | Skip:
     model = model_spec(row["model"], row["batch"]["seq_len"], row["source"])
     if isinstance(model, str):
         return Skip(row_id, model)
+    if "flash attention" in str(row.get("notes", "")).lower():
+        model = dataclasses.replace(model, attention="flash")  # the source says so; eager otherwise
     micro, gas = batch  # type: ignore[misc]
     cfg = DSConfig(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=precision,
                    zero=ZeroConfig(stage=row["parallel"]["zero_stage"] or 0),
