@@ -6,7 +6,7 @@ kept as data, and one line comparing zerotune's pick with the grid's best.
 runs the space the ds_config describes (as `zerotune tune --deepspeed ds.json` reads it, built-in workload
 unless a script is given after the options) into <results_dir>_grid/ in DeepSpeed's layout, appends every
 run to data/measurements/cpu_grid_<job>.jsonl (calibrate.measurement records; each record's `source` names
-its run folder, whose environment.json holds versions and host) and, given the tune's results folder,
+its run folder and carries that run's environment.json in one line) and, given the tune's results folder,
 prints the comparison. Experiments run one at a time, like tune's, and a rerun resumes.
 """
 
@@ -29,7 +29,7 @@ from validate.results import ExperimentResult, Layout, Prediction, best_result
 from validate.tune import Launcher, TuneSettings, add_tune_arguments, autotuning_of, measurement_of, \
     run_experiment, settings_from_args
 
-__all__ = ["grid_configs", "run_grid", "grid_path", "compare", "main"]
+__all__ = ["grid_configs", "run_grid", "grid_path", "compare", "environment_note", "main"]
 
 REPO = Path(__file__).resolve().parent.parent
 UNCALIBRATED_BAND = 0.3  # predictor.rank.Uncertainty's default step-time band, shown beside each grid run
@@ -76,9 +76,19 @@ def run_grid(settings: TuneSettings, launcher: Launcher = launch, out: Path | No
         log(f"  -> {result.status}" + (f": {result.metric_value:.4g}" if result.metric_value else f": {result.reason}"))
         results.append(result)
         if not result.resumed:
-            append_jsonl(out, [replace(measurement_of(settings, job, result, layout), source=
-                                       f"zerotune grid run {layout.run_dir(result.name)} (environment.json there)")])
+            source = f"zerotune grid run {layout.run_dir(result.name)}; {environment_note(layout.run_dir(result.name))}"
+            append_jsonl(out, [replace(measurement_of(settings, job, result, layout), source=source)])
     return results
+
+
+def environment_note(run_dir: Path) -> str:
+    """The run's environment.json in one line, kept in each record's `source` (Measurement has no field for it)."""
+    try:
+        env = json.loads((run_dir / "environment.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "environment not recorded"
+    keys = ("date", "python", "torch", "deepspeed", "cuda", "nccl", "platform", "hostname")
+    return "environment: " + ", ".join(f"{k} {env[k]}" for k in keys if env.get(k))
 
 
 def compare(pick: str, tune_value: float | None, grid: Sequence[ExperimentResult], metric: Metric,
