@@ -17,6 +17,7 @@ from predictor.rank import Uncertainty, evaluate_space
 from predictor.space import EXPLORABLE, space_from_ds_config
 from predictor.units import GIB
 from validate import plan as planning
+from validate.experiments import read_ds_config
 from validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
                              whatif_dict)
 
@@ -133,17 +134,6 @@ def _explore(text: str) -> tuple[str, ...]:
     return items
 
 
-def _read_json(path: str, flag: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{flag} {path}: no such file; give the path of an existing ds_config.json")
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag} {path}: malformed JSON at line {exc.lineno} column {exc.colno} "
-                         f"({exc.msg}); fix the file") from None
-
-
 def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Flags override the ds_config, the way DeepSpeed's autotuner overrides keys per experiment."""
     doc = dict(doc)
@@ -171,9 +161,7 @@ def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
 
 
 def _doc(args: argparse.Namespace) -> dict[str, Any]:
-    doc = _read_json(args.deepspeed, "--deepspeed") if args.deepspeed else {}
-    if not isinstance(doc, dict):
-        raise ValueError(f"--deepspeed {args.deepspeed}: a ds_config must be a JSON object")
+    doc = read_ds_config(Path(args.deepspeed)) if args.deepspeed else {}
     return _apply_flags(doc, args)
 
 
