@@ -74,6 +74,7 @@ class Block(nn.Module):
         self.up = nn.Linear(h, f, bias=spec.mlp_bias)
         self.down = nn.Linear(f, h, bias=spec.mlp_bias)
         self.dropout_p = DROPOUT_P if spec.dropout else 0.0
+        self.flash = spec.attention == "flash"  # the predictor's activation model follows this field
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -84,7 +85,8 @@ class Block(nn.Module):
             repeat = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        attend = F.scaled_dot_product_attention if self.flash else _eager_attention
+        y = attend(q, k, v, dropout_p=p, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(b, s, -1))
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +98,19 @@ class Block(nn.Module):
         p = self.dropout_p if self.training else 0.0
         x = x + F.dropout(self._attention(self.norm1(x)), p, self.training)
         return x + F.dropout(self._mlp(self.norm2(x)), p, self.training)
+
+
+def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                     is_causal: bool) -> torch.Tensor:
+    """Attention that materialises the s x s scores, softmax and its dropout, as Hugging Face's 'eager'
+    attention does, so a probe of an attention: eager model keeps Korthikanti's 5as^2b bytes for backward
+    (predictor/activations.py); scaled_dot_product_attention would keep none of them."""
+    s = q.shape[-2]
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # scaling q first saves no s x s tensor
+    if is_causal:
+        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return F.dropout(scores.softmax(dim=-1), dropout_p, dropout_p > 0) @ v
 
 
 def _init_weights(module: nn.Module) -> None:
