@@ -163,7 +163,10 @@ class DSConfig:
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     activation_checkpointing: ActivationCheckpointing = field(default_factory=ActivationCheckpointing)
     mp_size: int = 1
-    """Model (tensor) parallel degree, as the autotuning section's mp_size; data parallel = world / mp."""
+    """Model (tensor) parallel degree, as the autotuning section's mp_size."""
+    pp_size: int = 1
+    """Pipeline stages (the ds_config's pipeline.stages, as Megatron-DeepSpeed's PipelineModule uses them);
+    data parallel = world / (mp x pp)."""
     autotuning: AutotuningConfig = field(default_factory=AutotuningConfig)
     passthrough: dict[str, Any] = field(default_factory=dict)
     """The user's other top-level keys (scheduler, gradient_clipping, ...), written back unchanged."""
@@ -173,6 +176,18 @@ class DSConfig:
 
     def replace_zero(self, **changes: Any) -> "DSConfig":
         return dataclasses.replace(self, zero=dataclasses.replace(self.zero, **changes))
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.mp_size * self.pp_size
+
+    def stage_layers(self, num_layers: int) -> int:
+        """Blocks on the busiest pipeline stage (DeepSpeed's PipelineModule splits layers as evenly as it can)."""
+        return -(-num_layers // self.pp_size)
+
+    def dp_size(self, world_size: int) -> int:
+        """Data-parallel ranks: the GPUs over tensor and pipeline parallelism."""
+        return world_size // self.model_parallel_size
 
     @property
     def grad_precision(self) -> Precision:
@@ -392,6 +407,15 @@ def resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
     return (micro or 1), (gas or 1)
 
 
+def _pipeline_stages(doc: dict[str, Any]) -> int:
+    """pipeline.stages: an int, or "auto" / absent for no pipeline parallelism as far as memory and time go."""
+    sec = doc.get("pipeline") or {}
+    if not isinstance(sec, dict):
+        raise ValueError("ds_config pipeline must be an object, e.g. {\"stages\": 4}")
+    stages = sec.get("stages", 1)
+    return 1 if stages == AUTO else int(_int(sec, "pipeline", "stages", 1, 1))
+
+
 def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = None) -> DSConfig:
     """A DSConfig from a ds_config dict; `hidden_size` resolves Hugging Face "auto" bucket sizes."""
     if not isinstance(doc, dict):
@@ -401,11 +425,11 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
             warnings.warn(f"ds_config: unknown top-level key {key!r}{nearest(key, sorted(TOP_LEVEL_KEYS))}; "
                           f"DeepSpeed ignores it", stacklevel=2)
     autotuning = _autotuning(doc)
-    mp_size = autotuning.mp_size
-    if world_size % mp_size:
-        raise ValueError(f"ds_config autotuning.mp_size {mp_size} does not divide the {world_size} GPUs; "
-                         f"use a divisor of the GPU count")
-    micro, gas = resolve_batch(doc, world_size // mp_size)
+    mp_size, pp_size = autotuning.mp_size, _pipeline_stages(doc)
+    if world_size % (mp_size * pp_size):
+        raise ValueError(f"ds_config autotuning.mp_size {mp_size} x pipeline.stages {pp_size} does not divide the "
+                         f"{world_size} GPUs; use divisors of the GPU count")
+    micro, gas = resolve_batch(doc, world_size // (mp_size * pp_size))
     ckpt = doc.get("activation_checkpointing")
     ckpt_sec = _section(doc, "activation_checkpointing", ACTIVATION_CHECKPOINTING_KEYS, strict=False)
     optimizer, momentum = _optimizer(doc)
@@ -419,7 +443,7 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
             enabled=ckpt is not None,
             partition_activations=_bool(ckpt_sec, "activation_checkpointing", "partition_activations", False),
             cpu_checkpointing=_bool(ckpt_sec, "activation_checkpointing", "cpu_checkpointing", False)),
-        mp_size=mp_size, autotuning=autotuning,
+        mp_size=mp_size, pp_size=pp_size, autotuning=autotuning,
         passthrough={k: v for k, v in doc.items() if k not in handled},
     )
 
@@ -451,11 +475,13 @@ def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
     out = dict(cfg.passthrough)
     out.update({
         "train_batch_size": cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
-        * (world_size // cfg.mp_size),
+        * cfg.dp_size(world_size),
         "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "zero_optimization": zero,
     })
+    if cfg.pp_size > 1:
+        out["pipeline"] = {**(out.get("pipeline") or {}), "stages": cfg.pp_size}
     if cfg.precision != "fp32":
         out[cfg.precision] = {"enabled": True}
     if cfg.activation_checkpointing.enabled:

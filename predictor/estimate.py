@@ -24,7 +24,7 @@ class Estimate:
         """DeepSpeed's train_batch_size: micro-batch x accumulation x data-parallel ranks."""
         cfg = self.config
         return (cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
-                * self.job.cluster.world_size // cfg.mp_size)
+                * cfg.dp_size(self.job.cluster.world_size))
 
     @property
     def throughput_samples_per_s(self) -> float:

@@ -84,8 +84,15 @@ def _check(job: Job, cfg: DSConfig) -> None:
     if not hw.supports(cfg.precision):
         supported = ", ".join(p for p in ("fp16", "bf16", "fp32") if hw.supports(p))  # type: ignore[arg-type]
         raise ValueError(f"{hw.name} has no {cfg.precision} support; use --precision one of {supported}")
-    if job.cluster.world_size % cfg.mp_size:
-        raise ValueError(f"mp_size {cfg.mp_size} does not divide the {job.cluster.world_size} GPUs")
+    if job.cluster.world_size % cfg.model_parallel_size:
+        raise ValueError(f"mp_size {cfg.mp_size} x pp_size {cfg.pp_size} does not divide the "
+                         f"{job.cluster.world_size} GPUs")
+    if cfg.pp_size > 1 and cfg.zero.stage > 1:
+        raise ValueError(f"DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, not {cfg.zero.stage}; "
+                         f"set zero_optimization.stage to 0 or 1, or drop pipeline.stages")
+    if job.model.num_layers < cfg.pp_size:
+        raise ValueError(f"pipeline stages {cfg.pp_size} exceed {job.model.name}'s {job.model.num_layers} layers; "
+                         f"use at most one stage per layer")
     if cfg.train_micro_batch_size_per_gpu < 1 or cfg.gradient_accumulation_steps < 1:
         raise ValueError("train_micro_batch_size_per_gpu and gradient_accumulation_steps must be at least 1")
 
@@ -115,8 +122,8 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
     DeepSpeed's 18 bytes in estimate_zero2_model_states_mem_needs (2 + 4 + 4 + 8).
     """
     z, p = cfg.zero, DTYPE_BYTES[cfg.precision]
-    n_dp = world_size // cfg.mp_size
-    psi = num_params / cfg.mp_size
+    n_dp = cfg.dp_size(world_size)
+    psi = num_params / cfg.model_parallel_size  # a pipeline stage holds its share of the layers
     shard_os = n_dp if z.stage >= 1 else 1
     shard_g = n_dp if z.stage >= 2 else 1
     master = FP32_BYTES if (cfg.precision != "fp32" or z.stage >= 1) else 0
@@ -126,7 +133,7 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
     params = p * psi
     host = nvme = 0.0
     if z.stage == 3:
-        persistent = persistent_elems / cfg.mp_size
+        persistent = persistent_elems / cfg.model_parallel_size
         partition = p * (psi - persistent) / n_dp
         params = p * persistent + (0.0 if z.offload_param.device != "none" else partition)
         if z.offload_param.device == "cpu":
@@ -153,16 +160,20 @@ def _activations(job: Job, cfg: DSConfig) -> tuple[float, float]:
     d, tp = DTYPE_BYTES[cfg.precision], cfg.mp_size
     ckpt = cfg.activation_checkpointing
     one_layer = layer_activation_bytes(m, b, s, d, tp)
+    # A pipeline stage holds num_layers / pp blocks, and under 1F1B the first stage keeps pp micro-batches in
+    # flight (Narayanan et al. 2021, sec. 2.2.1), so it stores the whole model's worth (Korthikanti et al. 2022,
+    # sec. 4.2.3). Charged as if gradient accumulation had at least pp steps, as 1F1B needs to fill the pipe.
+    layers = cfg.stage_layers(m.num_layers) * cfg.pp_size
     if ckpt.enabled:
         # Checkpoints of every block, plus one block recomputed in full during its backward.
-        checkpoints = m.num_layers * checkpoint_bytes_per_layer(m, b, s, d)
+        checkpoints = layers * checkpoint_bytes_per_layer(m, b, s, d)
         if ckpt.partition_activations:
             checkpoints /= tp
         if ckpt.cpu_checkpointing:
             checkpoints = 0.0
         blocks = checkpoints + one_layer
     else:
-        blocks = m.num_layers * one_layer
+        blocks = layers * one_layer
     acts = blocks + embedding_activation_bytes(m, b, s, d)
     return acts, logits_bytes(m, b, s, d, tp) if m.head == "lm" or m.tied_embeddings else 0.0
 
@@ -189,8 +200,8 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     gathered in place (runtime/utils.py all_gather_dp_groups); it only sets how many calls are made.
     """
     z, g = cfg.zero, DTYPE_BYTES[cfg.grad_precision]
-    psi = job.model.num_params / cfg.mp_size
-    if job.cluster.world_size // cfg.mp_size == 1 and z.stage == 0:
+    psi = job.model.num_params / cfg.model_parallel_size
+    if cfg.dp_size(job.cluster.world_size) == 1 and z.stage == 0:
         return 0.0, 0.0  # one rank: nothing to reduce
     if z.stage == 0:
         return 0.0, min(psi, STAGE0_ALLREDUCE_BUCKET_ELEMS) * g

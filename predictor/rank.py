@@ -76,7 +76,7 @@ def metric_value(metric: Metric, samples_per_step: np.ndarray, step_s: np.ndarra
 
 
 def evaluate_space(job: Job, space: SearchSpace, eff: Efficiency = Efficiency()) -> SpaceTable:
-    dp = job.cluster.world_size // (space.variants[0].mp_size if space.variants else 1)
+    dp = space.variants[0].dp_size(job.cluster.world_size) if space.variants else job.cluster.world_size
     mbs, gas = space.batch_grid(dp)
     if not space.variants or not len(mbs):
         raise ValueError("the tuning space is empty: no micro-batch / accumulation pair is within the batch "

@@ -158,7 +158,7 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
     scalar = {k: v for k, v in doc.items() if k not in ("zero_optimization", "train_batch_size",
                                                        "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
     base = parse_ds_config(scalar, world_size=world_size, hidden_size=hidden_size)
-    dp = world_size // base.mp_size
+    dp = base.dp_size(world_size)
     checkpointing = [ActivationCheckpointing(enabled=False), ActivationCheckpointing(enabled=True)]
     if "activation_checkpointing" in doc:
         checkpointing = [base.activation_checkpointing]

@@ -27,8 +27,8 @@ __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "
            "compute_efficiency", "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS"]
 
-TIME_TERMS = ("forward", "backward", "recompute", "exposed_comm", "tensor_parallel_comm", "optimizer_step",
-              "offload")
+TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
+              "optimizer_step", "offload")
 Batch = Union[int, float, np.ndarray]
 """A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
@@ -91,7 +91,7 @@ def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float
 
 def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
     z = cfg.zero
-    psi = job.model.num_params / cfg.mp_size
+    psi = job.model.num_params / cfg.model_parallel_size
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     buckets = lambda elems: max(1, math.ceil(psi / max(elems, 1)))  # noqa: E731
     if z.stage == 0:
@@ -117,10 +117,12 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     m, s, tp = job.model, job.seq_len, cfg.mp_size
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
     one = micro_batch_flops(m, 1, s, cfg.activation_checkpointing.enabled)
+    # The busiest pipeline stage sets the pace: it computes its blocks' share of the model.
+    share = cfg.mp_size * m.num_layers / cfg.stage_layers(m.num_layers)
     scale = getattr(eff, f"{cfg.precision}_compute_scale")
     rate = job.cluster.hardware.peak_flops[cfg.precision] * scale * compute_efficiency(b * s * m.hidden_size / tp, eff)
-    return (b * one.forward_flops / tp / rate, b * one.backward_flops / tp / rate,
-            b * one.recompute_flops / tp / rate, b * one.model_flops / tp)
+    return (b * one.forward_flops / share / rate, b * one.backward_flops / share / rate,
+            b * one.recompute_flops / share / rate, b * one.model_flops / share)
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:
@@ -150,7 +152,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
 
     Stage 3 gathers parameters beside forward (prefetch needs no overlap_comm) and again beside backward,
     where the gradient reduce-scatter shares the link; each window hides only its own collectives."""
-    n_dp = job.cluster.world_size // cfg.mp_size
+    n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
     overlap = cfg.zero.overlap_comm
     timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
@@ -168,7 +170,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
 def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: Batch, rec: Batch,
                            gas: Batch) -> tuple[Batch, Batch]:
     """(exposed, total) seconds of data-parallel communication per optimizer step."""
-    n_dp = job.cluster.world_size // cfg.mp_size
+    n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
     last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
     exposed, total = last + (gas - 1) * other, 0.0
@@ -191,14 +193,14 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     per_call = collective_s(Collective("all_reduce", size, 1, "forward_backward", True), tp,
                             *intra_node_link(job, eff))
     calls = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
-    return gas * m.num_layers * calls * per_call
+    return gas * cfg.stage_layers(m.num_layers) * calls * per_call
 
 
 def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batch) -> tuple[float, Batch]:
     """(optimizer step on the device, offload time) per optimizer step."""
     z, hw = cfg.zero, job.cluster.hardware
-    n_dp = job.cluster.world_size // cfg.mp_size
-    psi = job.model.num_params / cfg.mp_size
+    n_dp = cfg.dp_size(job.cluster.world_size)
+    psi = job.model.num_params / cfg.model_parallel_size
     partition = psi / n_dp if z.stage >= 1 else psi
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     # ZeRO-Infinity parameter offload: each rank's partition crosses to the device for every forward and
@@ -223,7 +225,10 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     fwd, bwd, rec, model_flops = compute_times(job, cfg, eff, micro_batch)
     exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec, gas)
     optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff, gas)
-    breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "exposed_comm": exposed,
+    # 1F1B fills and drains the pipe: pp - 1 micro-steps of idle per step (Narayanan et al. 2021, sec. 2.2).
+    bubble = (cfg.pp_size - 1) * (fwd + bwd + rec)
+    breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
+                 "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
                  "optimizer_step": optimizer_s, "offload": offload_s}
     return breakdown, comm_total, gas * model_flops

@@ -94,3 +94,20 @@ def test_recompute_costs_one_more_forward() -> None:
     ckpt = estimate_time(job, fp16(1, activation_checkpointing=ActivationCheckpointing(True)))
     logits_share = plain.breakdown_s["forward"] - ckpt.breakdown_s["recompute"]
     assert 0 < logits_share < 0.25 * plain.breakdown_s["forward"]  # the logits are not recomputed
+
+
+def test_pipeline_bubble_and_stage_share():
+    """1F1B pipeline (Narayanan et al. 2021, sec. 2.2): each stage computes 1/pp of the model per micro-batch and
+    the step idles (pp - 1) micro-steps, a bubble fraction of (pp - 1) / m against m micro-batches."""
+    from predictor import DSConfig, estimate_time
+    from predictor.dsconfig import ZeroConfig
+    from tests.conftest import make_job
+    job = make_job("gpt2-xl", "a100-80gb", 1, 8, 1024)
+    flat = DSConfig(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=8, precision="bf16",
+                    zero=ZeroConfig(stage=1))
+    piped = flat.replace(pp_size=4)
+    t_flat, t_pipe = estimate_time(job, flat).breakdown_s, estimate_time(job, piped).breakdown_s
+    assert t_pipe["forward"] == pytest.approx(t_flat["forward"] / 4, rel=1e-9)
+    per_micro = (t_pipe["forward"] + t_pipe["backward"] + t_pipe["recompute"]) / 8
+    assert t_pipe["pipeline_bubble"] == pytest.approx(3 * per_micro, rel=1e-9)
+    assert t_flat["pipeline_bubble"] == 0.0

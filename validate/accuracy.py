@@ -13,8 +13,8 @@ Reads data/measurements/published/*.jsonl (schema in that folder's README.md), t
              (model_state_memory_bytes, activation_memory_bytes) against the matching breakdown terms.
   ranking    rows with the same model, hardware, GPU count, sequence length, precision and global batch
              but different configurations: does zerotune's fastest prediction pick the measured fastest?
-Rows zerotune cannot express are skipped with their reason: pipeline parallelism (zerotune models tensor
-parallelism via DSConfig.mp_size only), fp8, sequence parallelism, selective recompute, missing fields.
+Rows zerotune cannot express are skipped with their reason (pipeline parallelism is modelled as 1F1B stages
+paced by the busiest): fp8, sequence parallelism, selective recompute, missing fields.
 Filled gaps: a null precision becomes fp16 only where the GPU's fp16 and bf16 peaks are equal (the
 prediction is then the same for both); a null zero_stage is 0 (Megatron's data-parallel all-reduce,
 which the vTrain notes name) and a null offload is none; a model whose dimensions match a catalog entry
@@ -194,8 +194,6 @@ def _unsupported(row: dict[str, Any]) -> str | None:
         return f"hardware {row['hardware']!r} not in the catalog"
     if par["pp"] is None or par["tp"] is None:
         return "parallel layout (tp / pp) not given"
-    if par["pp"] > 1:
-        return "pipeline parallel > 1 (zerotune models tensor parallelism only)"
     if par["sequence_parallel"]:
         return "sequence parallelism not modelled"
     if row["recompute"] not in ("full", "none"):
@@ -230,8 +228,9 @@ def _batch(row: dict[str, Any]) -> tuple[int, int] | str:
 
 def _cluster(row: dict[str, Any], hw: HardwareSpec) -> ClusterSpec | str:
     total, per_node, par = row["num_gpus_total"], row["num_gpus_per_node"], row["parallel"]
-    if par["dp"] is None or par["dp"] * par["tp"] != total:
-        return f"dp {par['dp']} x tp {par['tp']} != num_gpus_total {total} (another parallel dimension)"
+    if par["dp"] is None or par["dp"] * par["tp"] * par["pp"] != total:
+        return (f"dp {par['dp']} x tp {par['tp']} x pp {par['pp']} != num_gpus_total {total} "
+                f"(another parallel dimension)")
     per_node = min(per_node or hw.num_devices_per_node, total)
     if total % per_node:
         return f"num_gpus_total {total} is not a multiple of num_gpus_per_node {per_node}"
@@ -260,7 +259,7 @@ def row_case(row: dict[str, Any], row_id: str) -> Case | Skip:
     cfg = DSConfig(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=precision,
                    zero=ZeroConfig(stage=row["parallel"]["zero_stage"] or 0),
                    activation_checkpointing=ActivationCheckpointing(enabled=row["recompute"] == "full"),
-                   mp_size=row["parallel"]["tp"])
+                   mp_size=row["parallel"]["tp"], pp_size=row["parallel"]["pp"])
     try:
         return Case(row_id, row, Job(model, cluster, int(row["batch"]["seq_len"])), cfg)  # type: ignore[arg-type]
     except ValueError as exc:
