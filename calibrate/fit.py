@@ -57,6 +57,8 @@ PARAM_SPECS: dict[str, ParamSpec] = {
     "runtime_reserved_bytes": ParamSpec(0.0, 64 * 2**30, log=False, scale=2**30),
     "optimizer_bytes_per_param": ParamSpec(16.0, 300.0, log=True),
     "host_optimizer_params_per_s": ParamSpec(1e6, 1e11, log=True),
+    "step_overhead_s": ParamSpec(0.0, 60.0, log=False, scale=0.1),
+    "micro_step_overhead_s": ParamSpec(0.0, 60.0, log=False, scale=0.1),
     "fp32_compute_scale": ParamSpec(1e-3, 10.0, log=True),
     "fp16_compute_scale": ParamSpec(1e-3, 10.0, log=True),
     "bf16_compute_scale": ParamSpec(1e-3, 10.0, log=True),

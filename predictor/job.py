@@ -58,5 +58,11 @@ class Efficiency:
     optimizer_bytes_per_param: float = 30.0
     """Memory traffic of one Adam update per fp32 parameter: read param, grad, m, v (16 B), write param,
     m, v (12 B) and the 16-bit copy (2 B); the step is memory-bandwidth bound."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step the FLOP and byte counts miss: per-tensor kernel launches and Python in
+    the optimizer step and gradient bookkeeping. Measured on an H100, DeepSpeed's step timer read 50-115 ms for
+    GPT-2 medium whatever the micro-batch, against ~4 ms of memory traffic; 0 until a calibration fits it."""
+    micro_step_overhead_s: float = 0.0
+    """The same per micro-step (forward / backward hooks, ZeRO bookkeeping); 0 until calibrated."""
     host_optimizer_params_per_s: float = 1.0e9
     """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""

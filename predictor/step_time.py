@@ -28,7 +28,7 @@ __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
-              "optimizer_step", "offload")
+              "optimizer_step", "offload", "overhead")
 Batch = Union[int, float, np.ndarray]
 """A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
@@ -230,7 +230,8 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
-                 "optimizer_step": optimizer_s, "offload": offload_s}
+                 "optimizer_step": optimizer_s, "offload": offload_s,
+                 "overhead": eff.step_overhead_s + gas * eff.micro_step_overhead_s}
     return breakdown, comm_total, gas * model_flops
 
 
