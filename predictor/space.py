@@ -165,7 +165,13 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
     elif "checkpointing" not in explore:
         checkpointing = checkpointing[:1]
     variants: dict[tuple[Any, ...], DSConfig] = {}
-    for stage in _stages(zero):
+    stages = _stages(zero)
+    if base.pp_size > 1:  # DeepSpeed's pipeline engine supports ZeRO stages 0 and 1 only
+        stages = [stage for stage in stages if stage <= 1]
+        if not stages:
+            raise ValueError("ds_config pipeline.stages > 1 runs ZeRO stage 0 or 1 only; add 0 or 1 to "
+                             "zero_optimization.stage")
+    for stage in stages:
         for section in _zero_sections(zero, stage, fast, explore):
             cfg = parse_ds_config({**scalar, "zero_optimization": section}, world_size=world_size,
                                   hidden_size=hidden_size)

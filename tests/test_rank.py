@@ -151,3 +151,10 @@ def test_batch_limits_follow_deepspeed():
 def test_bad_spaces_name_the_field(doc, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         _space(doc)
+
+
+def test_pipeline_space_keeps_the_stages_deepspeed_pipelines_run():
+    space = _space({"pipeline": {"stages": 2}})
+    assert {v.zero.stage for v in space.variants} == {0, 1} and all(v.pp_size == 2 for v in space.variants)
+    with pytest.raises(ValueError, match="pipeline.stages"):
+        _space({"pipeline": {"stages": 2}, "zero_optimization": {"stage": 3}})

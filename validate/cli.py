@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offload_optimizer", choices=("none", "cpu", "nvme"))
     p.add_argument("--offload_param", choices=("none", "cpu", "nvme"))
     p.add_argument("--mp_size", type=_positive("--mp_size"), help="tensor (model) parallel degree")
+    p.add_argument("--pp_size", type=_positive("--pp_size"),
+                   help="pipeline stages (the ds_config's pipeline.stages; DeepSpeed pipelines run ZeRO 0-1)")
     p.add_argument("--rank", action="store_true",
                    help="rank every configuration of the tuning space (lists in the ds_config, DeepSpeed's "
                         "per-stage spaces, offload, checkpointing, every micro-batch) instead of predicting one")
@@ -157,6 +159,8 @@ def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         doc.setdefault("activation_checkpointing", {})
     if args.mp_size is not None:
         doc["autotuning"] = {**(doc.get("autotuning") or {}), "mp_size": args.mp_size}
+    if args.pp_size is not None:
+        doc["pipeline"] = {**(doc.get("pipeline") or {}), "stages": args.pp_size}
     return doc
 
 
