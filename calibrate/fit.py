@@ -59,6 +59,7 @@ PARAM_SPECS: dict[str, ParamSpec] = {
     "host_optimizer_params_per_s": ParamSpec(1e6, 1e11, log=True),
     "step_overhead_s": ParamSpec(0.0, 60.0, log=False, scale=0.1),
     "micro_step_overhead_s": ParamSpec(0.0, 60.0, log=False, scale=0.1),
+    "zero3_tensor_overhead_s": ParamSpec(0.0, 0.1, log=False, scale=1e-3),
     "fp32_compute_scale": ParamSpec(1e-3, 10.0, log=True),
     "fp16_compute_scale": ParamSpec(1e-3, 10.0, log=True),
     "bf16_compute_scale": ParamSpec(1e-3, 10.0, log=True),

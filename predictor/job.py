@@ -64,5 +64,9 @@ class Efficiency:
     GPT-2 medium whatever the micro-batch, against ~4 ms of memory traffic; 0 until a calibration fits it."""
     micro_step_overhead_s: float = 0.0
     """The same per micro-step (forward / backward hooks, ZeRO bookkeeping); 0 until calibrated."""
+    zero3_tensor_overhead_s: float = 0.0
+    """Seconds ZeRO-3 spends per parameter tensor per micro-step fetching and releasing it (module hooks,
+    Python, allocation): on one H100 ZeRO-3 stepped 2.2x slower than ZeRO-0 for GPT-2 medium and 1.9x on two
+    CPU ranks for zt-gpt-small, with no communication to explain it. 0 until a calibration fits it."""
     host_optimizer_params_per_s: float = 1.0e9
     """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""

@@ -205,7 +205,9 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
         return 0.0, 0.0  # one rank: nothing to reduce
     if z.stage == 0:
         return 0.0, min(psi, STAGE0_ALLREDUCE_BUCKET_ELEMS) * g
-    elems = z.reduce_bucket_size_elems if z.contiguous_gradients else min(psi, z.reduce_bucket_size_elems)
+    # A CPU rank's peak resident memory counts only pages written: a preallocated bucket costs what fills it.
+    preallocated = z.contiguous_gradients and job.cluster.hardware.kind != "cpu"
+    elems = z.reduce_bucket_size_elems if preallocated else min(psi, z.reduce_bucket_size_elems)
     copies = 2 if z.overlap_comm and z.stage < 3 and z.contiguous_gradients else 1
     return elems * g * copies, 0.0
 

@@ -165,6 +165,10 @@ class ModelSpec:
         return sum(t.num_elems for t in self.tensors())
 
     @cached_property
+    def num_tensors(self) -> int:
+        return len(self.tensors())
+
+    @cached_property
     def num_layer_params(self) -> int:
         """Parameters of one transformer block."""
         return sum(t.num_elems for t in self.layer_tensors(0))

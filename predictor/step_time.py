@@ -217,6 +217,12 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     return 0.0, offload + transfers + host_adam
 
 
+def _micro_step_overhead_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
+    """Fixed costs per micro-step; ZeRO-3's scale with the parameter tensors it fetches in forward and backward."""
+    tensors = job.model.num_tensors if cfg.zero.stage == 3 else 0
+    return eff.micro_step_overhead_s + 2 * tensors * eff.zero3_tensor_overhead_s
+
+
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
                       ) -> tuple[dict[str, Batch], Batch, Batch]:
     """(breakdown per TIME_TERMS, all data-parallel communication, model FLOPs per GPU) per optimizer step of
@@ -231,7 +237,7 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
                  "optimizer_step": optimizer_s, "offload": offload_s,
-                 "overhead": eff.step_overhead_s + gas * eff.micro_step_overhead_s}
+                 "overhead": eff.step_overhead_s + gas * _micro_step_overhead_s(job, cfg, eff)}
     return breakdown, comm_total, gas * model_flops
 
 
