@@ -130,36 +130,42 @@ def _pyplot() -> Any:
     return plt
 
 
-def _draw_tool(ax: Any, run: ToolRun, color: str) -> None:
-    measured = [(e.end_s / 60, e.throughput_samples_per_s) for e in run.experiments if e.throughput_samples_per_s]
-    unmeasured = [e.end_s / 60 for e in run.experiments if not e.throughput_samples_per_s]
+def _draw_tool(ax: Any, run: ToolRun, job: BenchJob, color: str) -> None:
+    latency = job.metric == "latency"
+    values = [(e.end_s / 60, e.step_s if latency else e.throughput_samples_per_s) for e in run.experiments]
+    measured = [(t, v) for t, v in values if v]
     ax.scatter([t for t, _ in measured], [v for _, v in measured], color=color, s=18,
                label=f"{_TITLES[run.tool]}: {len(run.experiments)} runs")
-    ax.scatter(unmeasured, [0.0] * len(unmeasured), color=color, marker="x", s=24)
-    best, xs, ys = 0.0, [0.0], [0.0]
+    ax.scatter([t for t, v in values if not v], [0.0] * (len(values) - len(measured)), color=color, marker="x", s=24)
+    xs, ys, best = [], [], None
     for t, v in measured:
-        best = max(best, v)
+        best = v if best is None else (min(best, v) if latency else max(best, v))
         xs.append(t)
         ys.append(best)
-    xs.append(run.wall_s / 60)
-    ys.append(best)
-    ax.step(xs, ys, where="post", color=color, label=f"{_TITLES[run.tool]}: running best")
+    if xs:
+        ax.step([*xs, run.wall_s / 60], [*ys, ys[-1]], where="post", color=color,
+                label=f"{_TITLES[run.tool]}: running best")
     ax.axvline(run.wall_s / 60, color=color, linestyle=":", linewidth=1)
+    chosen = config_name(run.optimal_ds_config, job.num_gpus) if run.optimal_ds_config else None
+    picked = [(t, v) for (t, v), e in zip(values, run.experiments) if v and e.name == chosen]
+    ax.scatter([t for t, _ in picked], [v for _, v in picked], s=140, facecolors="none", edgecolors=color,
+               label=f"{_TITLES[run.tool]}: its choice")
 
 
 def plot_timeline(results: Sequence[JobResult], path: Path) -> None:
-    """Per job: each tool's experiments against minutes since the tool started, at the samples/s the tool
-    itself measured (x at 0: a profiling or failed run), the running best as a step line, a dotted line where
-    the tool finished. The tools time differently (DeepSpeed's engine sums its fwd/bwd/step timers), so
+    """Per job: each tool's experiments against minutes since the tool started, at the samples/s (latency
+    jobs: seconds per step, lower is better) the tool itself measured (x at 0: a profiling or failed run), the
+    running best as a step line, a dotted line where the tool finished. The tools time differently (DeepSpeed's engine sums its fwd/bwd/step timers), so
     heights compare within a tool; the re-measured table compares the tools."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, result in zip(axes[0], results):
         for tool, color in zip(TOOLS, ("tab:red", "tab:blue")):
-            _draw_tool(ax, result.runs[tool], color)
+            _draw_tool(ax, result.runs[tool], result.job, color)
         ax.set_title(f"{result.job.name} (metric {result.job.metric})")
         ax.set_xlabel("minutes since the tuner started")
-        ax.set_ylabel("samples/s as the tuner measured it")
+        unit = "s/step" if result.job.metric == "latency" else "samples/s"
+        ax.set_ylabel(f"{unit} as the tuner measured it")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

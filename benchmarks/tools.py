@@ -42,6 +42,15 @@ class Experiment:
     None for a failed run or a profiling run that measures no throughput."""
     metric_value: float | None
     """The job's metric as the run's metrics.json has it (DeepSpeed's units: latency in microseconds)."""
+    samples_per_step: int | None = None
+    """train_batch_size of the run's ds_config.json (both tools write it)."""
+
+    @property
+    def step_s(self) -> float | None:
+        """Seconds per optimizer step, from the throughput: unit-safe across the two tools' metrics files."""
+        if self.samples_per_step and self.throughput_samples_per_s:
+            return self.samples_per_step / self.throughput_samples_per_s
+        return None
 
 
 @dataclass(frozen=True)
@@ -127,9 +136,9 @@ def _mtimes(folder: Path, names: tuple[str, ...]) -> list[float]:
     return [(folder / n).stat().st_mtime for n in names if (folder / n).is_file()]
 
 
-def _metrics(folder: Path) -> dict[str, Any]:
+def _json(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads((folder / "metrics.json").read_text())
+        doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -146,7 +155,9 @@ def read_experiments(results_dir: Path, started_at: float, key: str) -> tuple[Ex
         before, after = _mtimes(folder, _BEFORE_LAUNCH), _mtimes(folder, _AFTER_RUN)
         if not before:
             continue  # not an experiment folder (plots, copies)
-        metrics = _metrics(folder)
+        metrics, cfg = _json(folder / "metrics.json"), _json(folder / "ds_config.json")
+        batch = cfg.get("train_batch_size")
         found.append(Experiment(folder.name, min(before) - started_at, max(after or before) - started_at,
-                                _positive(metrics.get("throughput")), _positive(metrics.get(key))))
+                                _positive(metrics.get("throughput")), _positive(metrics.get(key)),
+                                batch if isinstance(batch, int) and batch > 0 else None))
     return tuple(sorted(found, key=lambda e: e.start_s))

@@ -112,10 +112,13 @@ def test_experiments_are_read_from_deepspeeds_layout_in_start_order(tmp_path: Pa
         if metrics:
             (folder / "metrics.json").write_text(json.dumps(metrics))
             os.utime(folder / "metrics.json", (end, end))
+            (folder / "ds_config.json").write_text(json.dumps({"train_batch_size": 8}))
+            os.utime(folder / "ds_config.json", (start, start))
     (tmp_path / "summary.txt").write_text("")
     found = read_experiments(tmp_path, started_at=90.0, key="throughput")
     assert [(e.name, e.start_s, e.end_s, e.throughput_samples_per_s) for e in found] == [
         ("profile_model_info", 10.0, 30.0, None), ("z1_gas1_tmbspg2", 40.0, 60.0, 40.0)]
+    assert found[1].step_s == pytest.approx(8 / 40.0)  # samples per step over samples/s, whatever the tool's units
 
 
 def test_table_has_a_row_per_tool_with_counts_choice_and_ratio(tmp_path: Path) -> None:
