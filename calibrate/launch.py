@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "failure_reason",
+__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
            "write_json_atomic"]
 
 TERMINATE_GRACE_S = 5.0
@@ -235,6 +235,25 @@ def _start(spec: LaunchSpec, cmd: list[str]) -> subprocess.Popen[bytes]:
                                 start_new_session=True, preexec_fn=_limit_memory(spec.memory_limit_bytes))
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def release_shm_buffers(master_port: int) -> int:
+    """Remove the shared-memory all-reduce buffers DeepSpeed's CPU accelerator leaves behind.
+
+    Its shm comm op (csrc/cpu/comm/shm.cpp) creates deepspeed_allreduce_buffer_<...>_<addr>_<port>_<rank>, about
+    69 MB per rank, and never unlinks them: a few hundred runs filled 19 GB of this machine's RAM-backed /dev/shm.
+    The master port names the run, so only its own buffers go. Returns how many were removed."""
+    removed = 0
+    for path in SHM_DIR.glob(f"deepspeed_allreduce_buffer_*_{master_port}_*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:  # already gone, or another user's: not ours to fail on
+            pass
+    return removed
+
+
 def launch(spec: LaunchSpec) -> RunResult:
     """Run the job to completion, its time limit or Ctrl-C (which stops every rank, then re-raises)."""
     if spec.timeout_s <= 0:
@@ -257,6 +276,7 @@ def launch(spec: LaunchSpec) -> RunResult:
         raise
     finally:
         _reap_group(proc.pid)
+        release_shm_buffers(spec.master_port)
     wall_s = time.monotonic() - start
     returncode = None if timed_out else proc.returncode
     status, reason, metrics = classify(returncode, timed_out, _tail(spec.run_dir / "stdout.log"),

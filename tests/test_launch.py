@@ -66,7 +66,9 @@ def test_cuda_oom_message_is_oom(tmp_path: Path) -> None:
 @pytest.mark.deepspeed
 def test_ok_run_writes_metrics_and_reproducible_folder(tmp_path: Path) -> None:
     args = ("--model", str(FIXTURES / "tiny-gpt.yaml"), "--seq_len", "32", "--steps", "3", "--warmup", "1")
-    result = launch(_spec(tmp_path, WORKLOAD, script_args=args))
+    spec = _spec(tmp_path, WORKLOAD, script_args=args)
+    result = launch(spec)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{spec.master_port}_*"))  # none leaked
     assert result.status == "ok", result.reason
     assert result.returncode == 0
     for name in ("ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "environment.json", "metrics.json"):
@@ -117,3 +119,14 @@ def test_launch_refuses_multi_node_without_pdsh(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(RuntimeError, match="pdsh"):
         launch(_spec(tmp_path, WORKLOAD, num_nodes=2, hostfile=tmp_path / "hostfile"))
     assert not os.path.exists(tmp_path / "run" / "cmd.txt")  # refused before anything ran or was written
+
+
+def test_release_shm_buffers_removes_only_the_runs_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed's CPU shm all-reduce leaves ~69 MB per rank in RAM-backed /dev/shm; launch removes its run's."""
+    import calibrate.launch as launch_module
+    monkeypatch.setattr(launch_module, "SHM_DIR", tmp_path)
+    for name in ("deepspeed_allreduce_buffer_0_127.0.0.1_4242_0", "deepspeed_allreduce_buffer_0_127.0.0.1_4242_1",
+                 "deepspeed_allreduce_buffer_0_127.0.0.1_4243_0", "other_4242_0"):
+        (tmp_path / name).write_bytes(b"x")
+    assert launch_module.release_shm_buffers(4242) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deepspeed_allreduce_buffer_0_127.0.0.1_4243_0", "other_4242_0"]
