@@ -344,3 +344,14 @@ def test_resume_reruns_an_experiment_that_ran_with_other_arguments(tmp_path: Pat
     launcher = FakeLauncher()
     outcome = tune(_settings(tmp_path, [6, 7, 8], [0], top_k=1, args=("--lr", "2")), launcher, log=lambda _: None)
     assert len(launcher.calls) == 1 and not outcome.results[0].resumed
+
+
+def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: Path) -> None:
+    """A client optimizer with ZeRO-Offload stops DeepSpeed at start-up: no experiment is spent on it."""
+    from dataclasses import replace as dc_replace
+
+    from validate.tune import _explorable
+    client = dc_replace(_settings(tmp_path, [1], [1]), explore=("offload", "checkpointing"))
+    assert _explorable(client) == ("checkpointing",)
+    built = dc_replace(client, doc={**client.doc, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
+    assert _explorable(built) == ("offload", "checkpointing")

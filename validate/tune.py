@@ -315,6 +315,14 @@ def _plots(job: Job, space: SearchSpace, model: _Model, results: Sequence[Experi
         warnings.warn(f"plots skipped: {exc}")
 
 
+def _explorable(settings: TuneSettings) -> tuple[str, ...]:
+    """Offload is tried only when DeepSpeed builds the optimizer: with a client optimizer (no `optimizer` section)
+    ZeRO-Offload stops at start-up unless zero_force_ds_cpu_optimizer is false, so the experiment would be wasted."""
+    doc = settings.doc
+    client_optimizer = "optimizer" not in doc and doc.get("zero_force_ds_cpu_optimizer") is not False
+    return tuple(e for e in settings.explore if not (e == "offload" and client_optimizer))
+
+
 def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print) -> TuneOutcome:
     """Rank, run the most promising experiments, write the results folder; see the module docstring."""
     start = time.monotonic()
@@ -323,7 +331,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     check_arg_mappings(settings.doc, settings.command.args, at.arg_mappings)
     job = build_job(settings.model, settings.hardware, settings.num_nodes, settings.num_gpus, settings.seq_len)
     space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
-                                 explore=settings.explore)
+                                 explore=_explorable(settings))
     model = _Model(*_load_profile(settings))
     if not _candidates(job, space, model, at.metric, set(), 1):
         raise _nothing_fits(job, space, model)
