@@ -117,6 +117,18 @@ def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float)
             return None, time.monotonic() - start
 
 
+def _release_shm_since(started_at: float) -> None:
+    """DeepSpeed's CPU shm all-reduce never unlinks its /dev/shm buffers (69 MB per rank per run) and its
+    autotuner's experiments pick their own ports, so after a tool has finished (every rank gone) remove the
+    buffers created since it started."""
+    for path in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"):
+        try:
+            if path.stat().st_mtime >= started_at - 1:
+                path.unlink()
+        except OSError:
+            pass
+
+
 def run_tool(tool: Tool, job: BenchJob, folder: Path, timeout_s: float) -> ToolRun:
     """Run one tuner on the job in folder/ (its cwd, so its relative results_dir lands there) and read it back."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -125,6 +137,7 @@ def run_tool(tool: Tool, job: BenchJob, folder: Path, timeout_s: float) -> ToolR
     cmd = (deepspeed_tune_command if tool == "deepspeed" else zerotune_tune_command)(job, cfg_path)
     started_at = time.time()
     returncode, wall_s = _run(cmd, folder, cpu_env(job.num_gpus), timeout_s)
+    _release_shm_since(started_at)
     results_dir = folder / user_ds_config(job)["autotuning"]["results_dir"]
     optimal = results_dir / "ds_config_optimal.json"
     chosen = json.loads(optimal.read_text()) if optimal.is_file() else None
