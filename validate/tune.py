@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from calibrate.launch import LaunchSpec, RunResult, deepspeed_command, free_port, launch
 from calibrate.measurement import Measurement, append_jsonl
+from calibrate.profile import default_profile_path, load_profile
 from predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
 from predictor.dsconfig import AutotuningConfig
 from predictor.rank import MAXIMISED, Metric, Ranked, Uncertainty, rank
@@ -114,12 +115,11 @@ def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
 
 
 def _load_profile(settings: TuneSettings) -> tuple[Efficiency, Uncertainty]:
-    path = settings.profile or REPO / "data" / "profiles" / f"{settings.hardware}.json"
+    path = settings.profile or default_profile_path(settings.hardware)  # honours ZEROTUNE_DATA
     if not Path(path).is_file():
         if settings.profile is not None:
             raise ValueError(f"--profile {path}: no such file; give a calibration profile (data/profiles/*.json)")
         return Efficiency(), Uncertainty()
-    from calibrate.profile import load_profile
     profile = load_profile(Path(path))
     if profile.hardware != settings.hardware:
         warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {settings.hardware}; tuning uncalibrated")
