@@ -213,6 +213,13 @@ def classify(returncode: int | None, timed_out: bool, stdout: str, stderr: str, 
     """(status, reason, metrics) of a finished or killed run."""
     if timed_out:
         return "timeout", "", None
+    if returncode != 0:
+        # A rank that dies in interpreter teardown after rank 0 wrote the metrics ("terminate called without
+        # an active exception" from a communication thread) leaves a complete measurement: keep it, say so.
+        metrics, _ = _read_metrics(metrics_path)
+        if metrics is not None:
+            why = failure_reason(stderr) or failure_reason(stdout) or "no reason printed"
+            return "ok", f"measured, then the launcher exited with status {returncode} ({why})"[:500], metrics
     text = stderr + "\n" + stdout
     oom = OOM_PATTERNS.search(text)
     if returncode != 0 and oom:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -130,3 +131,14 @@ def test_release_shm_buffers_removes_only_the_runs_own(tmp_path: Path, monkeypat
         (tmp_path / name).write_bytes(b"x")
     assert launch_module.release_shm_buffers(4242) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deepspeed_allreduce_buffer_0_127.0.0.1_4243_0", "other_4242_0"]
+
+
+def test_a_rank_dying_after_the_metrics_were_written_keeps_the_measurement(tmp_path: Path) -> None:
+    """Seen in CI: rank 0 wrote its metrics and exited, rank 1 aborted in teardown ("terminate called without an
+    active exception"); the launcher then exits non-zero, but the measurement is complete."""
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"step_s": 0.5, "throughput_samples_per_s": 4.0}))
+    status, reason, got = classify(1, False, "", "terminate called without an active exception\n", False, metrics)
+    assert status == "ok" and got == {"step_s": 0.5, "throughput_samples_per_s": 4.0}
+    assert "status 1" in reason
+    assert classify(1, False, "", "ValueError: boom\n", False, tmp_path / "none.json")[0] == "failed"
