@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import shlex
+import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +28,7 @@ from benchmarks.measure import Remeasured, ab_remeasure, config_name, grid_confi
     measure_grid
 from benchmarks.report import TOOLS, JobResult, format_markdown, grid_best, grid_score, kept_user_zero, \
     metric_ratio, plot_timeline
-from benchmarks.tools import run_tool
+from benchmarks.tools import build_ops, run_tool
 from calibrate.measurement import Measurement
 from predictor import experiment_name, load_model
 
@@ -135,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"headtohead: error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        build_ops(max(job.num_gpus for job in jobs))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"headtohead: error: {exc}; check the DeepSpeed install and that ninja is on PATH", file=sys.stderr)
+        return 2
     published = [m for job in jobs for m in load_published_grid(job)] if args.grid == "auto" else []
     measured_here: list[Measurement] = []
     command = shlex.join(["python", "-m", "benchmarks.headtohead", *(argv if argv is not None else sys.argv[1:])])

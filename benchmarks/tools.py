@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping
 from benchmarks.jobs import WORKLOAD, BenchJob, script_args, user_ds_config
 
 __all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "deepspeed_tune_command", "zerotune_tune_command",
-           "run_tool", "read_experiments", "metric_key"]
+           "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops"]
 
 ROOT = Path(__file__).resolve().parent.parent
 Tool = Literal["deepspeed", "zerotune"]
@@ -70,7 +70,31 @@ def cpu_env(num_gpus: int) -> dict[str, str]:
     accelerator's device_count(), cpu_accelerator.py) and this Python's bin on PATH (the autotuner calls a
     bare `deepspeed`, scheduler.py run_experiment)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "LOCAL_SIZE": str(num_gpus), "PATH": path}
+    return {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "LOCAL_SIZE": str(num_gpus), "PATH": path,
+            "TORCH_EXTENSIONS_DIR": extensions_dir()}
+
+
+def extensions_dir() -> str:
+    """One absolute build folder for DeepSpeed's JIT ops: the caller's TORCH_EXTENSIONS_DIR, else torch's own
+    default (~/.cache/torch_extensions/pyXY_cpu). An empty TORCH_EXTENSIONS_DIR makes torch build into each
+    run's working folder, so every tool's first run would compile the shm op again (about 50 s here)."""
+    given = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if given:
+        return str(Path(given).resolve())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return str(cache / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu")
+
+
+def build_ops(num_gpus: int, timeout_s: float = 600.0) -> None:
+    """Build (or load from the cache) the shm comm op every CPU DeepSpeed run loads, before any tool's clock
+    starts, so neither tool's first experiment pays the compile. Raises RuntimeError if the build fails."""
+    code = ("from deepspeed.accelerator import get_accelerator; "
+            "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **cpu_env(num_gpus)},
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"building DeepSpeed's CPU shm op failed: {last}")
 
 
 def metric_key(job: BenchJob) -> str:

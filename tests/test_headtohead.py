@@ -14,7 +14,7 @@ from benchmarks.ds_workload import config_argument_to_file
 from benchmarks.jobs import JOBS, QUICK_JOB, grid_points, script_args, user_ds_config
 from benchmarks.measure import Remeasured, config_name, grid_configs
 from benchmarks.report import JobResult, format_markdown, grid_best, grid_score, kept_user_zero, metric_ratio
-from benchmarks.tools import ToolRun, read_experiments
+from benchmarks.tools import ToolRun, cpu_env, read_experiments
 from calibrate.measurement import Measurement
 from predictor import parse_ds_config
 
@@ -40,6 +40,18 @@ def test_a_base64_config_longer_than_a_file_name_is_decoded(tmp_path: Path) -> N
 def test_a_config_argument_that_is_neither_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--deepspeed_config .*neither a file nor base64 JSON"):
         config_argument_to_file("no-such-config.json", tmp_path)
+
+
+def test_every_run_shares_one_absolute_op_build_folder(tmp_path: Path, monkeypatch) -> None:
+    # An empty TORCH_EXTENSIONS_DIR made torch build DeepSpeed's shm op into each tool's working folder, so each
+    # tool's first experiment compiled it again (about 50 s here, seen in a full run): the benchmark never passes
+    # an empty or relative folder on.
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cpu_env(2)["TORCH_EXTENSIONS_DIR"].startswith(str(tmp_path / "torch_extensions" / "py"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "ops")
+    assert cpu_env(2)["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "ops")
 
 
 def test_every_job_config_parses_and_the_grid_spans_stages_and_micro_batches() -> None:
