@@ -33,13 +33,14 @@ class Efficiency:
     runs a few percent above peak allocated in steady-state training (PyTorch CUDA memory notes)."""
     runtime_reserved_bytes: float | None = None
     """Memory outside the allocator (CUDA context, NCCL); None takes the hardware catalog's figure."""
-    compute_efficiency_max: float = 0.5
-    """Achieved / peak FLOP/s of a training step's kernels at large sizes. Uncalibrated default: Megatron-LM
-    reaches 44-52% of A100 peak end to end (Narayanan et al. 2021, Table 1: 135-163 of 312 TFLOP/s); dense
-    GEMMs alone reach 80-87% (stas00/ml-engineering, maximum achievable matmul FLOPS)."""
-    compute_half_size: float = 2.0**20
-    """Problem size (micro-batch tokens x hidden / tensor parallel) at which efficiency is half its
-    maximum: small micro-batches and hidden sizes run far below peak. Uncalibrated default."""
+    # operator-level compute (ops.py)
+    gemm_efficiency_scale: float = 1.0
+    """GEMM throughput relative to the hardware catalog's achievable matmul FLOP/s (MAMF, measured on large
+    shapes); the shape curve (tile and wave quantization, roofline) is ops.py's. 1 uncalibrated."""
+    memory_bandwidth_efficiency: float = 1.0
+    """Memory-bound kernels' bandwidth relative to the catalog's achievable (copy) bandwidth. 1 uncalibrated."""
+    kernel_launch_s: float | None = None
+    """Host seconds to issue one kernel; None takes the hardware catalog's figure."""
     fp32_compute_scale: float = 1.0
     """Efficiency in fp32 relative to the curve above (one curve cannot serve every precision: a CPU runs
     bf16 training far below its AMX matmul peak, a GPU runs fp32 on TF32 tensor cores). Fitted per precision

@@ -22,9 +22,10 @@ from predictor.dsconfig import DSConfig
 from predictor.flops import micro_batch_flops
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
+from predictor.ops import device_rates, layer_times, outer_times
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_efficiency", "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
@@ -58,11 +59,6 @@ class TimeEstimate:
     @property
     def step_s(self) -> float:
         return sum(self.breakdown_s.values())
-
-
-def compute_efficiency(size: float, eff: Efficiency) -> float:
-    """Saturating efficiency curve: eff_max * x / (x + x_half)."""
-    return eff.compute_efficiency_max * size / (size + eff.compute_half_size)
 
 
 def data_parallel_link(job: Job, eff: Efficiency) -> tuple[float, float]:
@@ -112,17 +108,25 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
                   ) -> tuple[Batch, Batch, Batch, Batch]:
     """(forward, backward, recompute seconds per micro-step, model FLOPs per micro-step) per GPU.
 
-    FLOPs are linear in the micro-batch (every term of flops.py has a factor b), so one sample's FLOPs
-    times b serve a single configuration and an array of micro-batch sizes alike."""
+    Times come from the operator-level model (ops.py) of the busiest pipeline stage: its blocks, and the
+    logits and loss, which the last stage runs (with one stage, the embedding too). Each phase takes the
+    longer of its kernels' device time and the host's launches of them. Model FLOPs are flops.py's count
+    spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
     m, s, tp = job.model, job.seq_len, cfg.mp_size
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
+    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
+    layers = cfg.stage_layers(m.num_layers)
+    block, outer = layer_times(m, b, s, tp, rates), outer_times(m, b, s, tp, rates, cfg.pp_size == 1)
+    launch = rates.kernel_launch_s
+    fwd = np.maximum(layers * block.forward_s + outer.forward_s,
+                     launch * (layers * block.forward_kernels + outer.forward_kernels))
+    bwd = np.maximum(layers * block.backward_s + outer.backward_s,
+                     launch * (layers * block.backward_kernels + outer.backward_kernels))
+    rec = (np.maximum(layers * block.forward_s, launch * layers * block.forward_kernels)
+           if cfg.activation_checkpointing.enabled else 0 * fwd)
     one = micro_batch_flops(m, 1, s, cfg.activation_checkpointing.enabled)
-    # The busiest pipeline stage sets the pace: it computes its blocks' share of the model.
-    share = cfg.mp_size * m.num_layers / cfg.stage_layers(m.num_layers)
-    scale = getattr(eff, f"{cfg.precision}_compute_scale")
-    rate = job.cluster.hardware.peak_flops[cfg.precision] * scale * compute_efficiency(b * s * m.hidden_size / tp, eff)
-    return (b * one.forward_flops / share / rate, b * one.backward_flops / share / rate,
-            b * one.recompute_flops / share / rate, b * one.model_flops / share)
+    share = cfg.mp_size * m.num_layers / layers
+    return fwd, bwd, rec, b * one.model_flops / share
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:
