@@ -26,6 +26,7 @@ from calibrate.measurement import Measurement, to_record
 from calibrate.profile import CalibrationProfile, FitQuality, ResidualModel, Uncertainty
 from predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model
 from predictor.memory import estimate_memory
+from predictor.ops import device_rates, gemm_s
 from predictor.step_time import estimate_time
 
 __all__ = ["fit", "FitResult", "FitRow", "ParamSpec", "PARAM_SPECS", "make_profile", "fit_microbenchmarks",
@@ -46,8 +47,9 @@ class ParamSpec:
 # the catalog in case its datasheet figure is conservative), latencies 0.1 us - 10 ms, Adam traffic
 # between the 16 B it must read and ~10x the 30 B it does (Efficiency docstring).
 PARAM_SPECS: dict[str, ParamSpec] = {
-    "compute_efficiency_max": ParamSpec(1e-3, 1.0, log=True),
-    "compute_half_size": ParamSpec(1.0, 1e12, log=True),
+    "gemm_efficiency_scale": ParamSpec(1e-3, 1.5, log=True),
+    "memory_bandwidth_efficiency": ParamSpec(1e-3, 1.5, log=True),
+    "kernel_launch_s": ParamSpec(1e-7, 1e-2, log=True),
     "intra_node_bandwidth_efficiency": ParamSpec(1e-3, 1.5, log=True),
     "inter_node_bandwidth_efficiency": ParamSpec(1e-3, 1.5, log=True),
     "intra_node_latency_s": ParamSpec(1e-7, 1e-2, log=True),
@@ -146,7 +148,7 @@ def _start_value(name: str, base: Efficiency, hw: HardwareSpec) -> float:
     value = getattr(base, name)
     if value is None:  # the override is unset: start from the catalog's figure
         value = {"intra_node_latency_s": hw.intra_node_latency_s, "inter_node_latency_s": hw.inter_node_latency_s,
-                 "runtime_reserved_bytes": hw.runtime_reserved_bytes}[name]
+                 "runtime_reserved_bytes": hw.runtime_reserved_bytes, "kernel_launch_s": hw.kernel_launch_s}[name]
     spec = PARAM_SPECS[name]
     return min(max(float(value), spec.lower), spec.upper)
 
@@ -372,25 +374,21 @@ _DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16", "
 
 
 def _compute_curve(matmuls: list[dict[str, Any]], hw: HardwareSpec) -> dict[str, float]:
-    """compute_efficiency_max and compute_half_size from matmul FLOP/s against size.
-
-    The model's curve runs over x = micro-batch tokens x hidden / tp, the output size of a transformer's
-    (tokens x hidden) x (hidden x hidden / tp) projection; a benchmarked (m x k) x (k x n) matmul maps to
-    x = m * n, its output elements. Fitted in log space to efficiency = FLOP/s / the dtype's catalog peak."""
-    points = [(float(r["m"]) * float(r["n"]), float(r["flops_per_s"]) / hw.peak_flops[_DTYPES[str(r["dtype"])]])
-              for r in matmuls
-              if _DTYPES.get(str(r["dtype"])) in hw.peak_flops and float(r.get("flops_per_s", 0)) > 0]
-    if len(points) < 2:
+    """gemm_efficiency_scale from matmul timings: the median, over the larger half of the benchmarked shapes
+    (the small ones time the host, not the GEMM), of predicted / measured seconds with ops.gemm_s at scale 1."""
+    ratios = []
+    for r in matmuls:
+        precision = _DTYPES.get(str(r["dtype"]))
+        if precision not in hw.matmul_flops or float(r.get("seconds", 0)) <= 0:
+            continue
+        rates = device_rates(hw, precision, Efficiency(gemm_efficiency_scale=1.0, memory_bandwidth_efficiency=1.0))
+        m, n, k = float(r["m"]), float(r["n"]), float(r["k"])
+        ratios.append((m * n * k, float(gemm_s(m, n, k, 1, rates)) / float(r["seconds"])))
+    if len(ratios) < 2:
         return {}
-    size, measured = np.array([p[0] for p in points]), np.array([p[1] for p in points])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        return np.log(math.exp(x[0]) * size / (size + math.exp(x[1]))) - np.log(measured)
-
-    x0 = [math.log(min(measured.max(), 1.0)), math.log(float(np.median(size)))]
-    r = least_squares(residuals, x0, bounds=([math.log(1e-3), 0.0], [0.0, math.log(1e12)]), loss="soft_l1",
-                      f_scale=0.1)
-    return {"compute_efficiency_max": math.exp(r.x[0]), "compute_half_size": math.exp(r.x[1])}
+    large = sorted(ratios)[len(ratios) // 2:]
+    spec = PARAM_SPECS["gemm_efficiency_scale"]
+    return {"gemm_efficiency_scale": min(max(float(np.median([x for _, x in large])), spec.lower), spec.upper)}
 
 
 def _ring_steps(op: str, num_ranks: int) -> int:
@@ -422,7 +420,7 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
 def fit_microbenchmarks(results: dict[str, Any], hardware: HardwareSpec, base: Efficiency = Efficiency()) -> Efficiency:
     """Starting values for `fit` from microbenchmarks (calibrate.microbench's results dict).
 
-    Matmuls give the compute curve (see _compute_curve); collectives give each link's bandwidth efficiency
+    Matmuls give the GEMM efficiency scale (see _compute_curve); collectives give each link's bandwidth efficiency
     and latency; measured memory bandwidth rescales optimizer_bytes_per_param, because the predictor times
     the optimizer step as bytes moved / the catalog's memory bandwidth. Host-to-device bandwidth has no
     Efficiency parameter (offload uses the catalog figure) and is not used."""

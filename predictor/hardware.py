@@ -41,7 +41,7 @@ class HardwareSpec:
     achievable_memory_bandwidth_bytes_per_s: float
     """What a streaming copy reaches (read + write counted), the rate memory-bound kernels run at."""
     kernel_launch_s: float
-    """Host cost of issuing one kernel (eager PyTorch op): a stream of short kernels cannot run faster."""
+    """Host time per kernel a training framework issues: a stream of short kernels cannot run faster."""
     num_compute_units: int
     """Streaming multiprocessors (or matrix engines) a GEMM's output tiles are spread over in waves."""
     achievable_source: str

@@ -18,7 +18,7 @@ Time of a GEMM: the larger of FLOPs / (achievable matmul FLOP/s x wave and tile 
 dimension, as cuBLAS's heuristics pick) fill the device's compute units in waves; a last partial wave idles
 the rest (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave quantization). Memory-bound
 ops move their bytes at the achievable bandwidth. Each kernel costs the host a launch; a phase takes the
-longer of its kernels' device time and their launches (the CPU-bound regime of small models).
+longer of its kernels' device time and their launches (the host-bound regime of small models).
 
 Everything is vectorised over an array of micro-batch sizes (ranking evaluates whole spaces at once).
 """
@@ -121,8 +121,8 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
         on_chip = dataclasses.replace(rates, memory_bytes_per_s=np.inf)
         fused = gemm_s(s, s, d, heads, on_chip) + gemm_s(s, d, s, heads, on_chip)
         return fused, FLASH_BACKWARD_PER_FORWARD * fused, flops
-    # d(scores) = d(context) V^T and dV = P^T d(context); dQ = d(scores) K and dK = d(scores)^T Q
-    backward = gemm_s(s, s, d, heads, rates) + gemm_s(s, d, s, heads, rates) + 2 * gemm_s(s, d, s, heads, rates)
+    # d(probs) = d(context) V^T and dV = probs^T d(context); dQ = d(scores) K and dK = d(scores)^T Q
+    backward = gemm_s(s, s, d, heads, rates) + 3 * gemm_s(s, d, s, heads, rates)
     return scores + context, backward, flops
 
 
@@ -136,11 +136,10 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     tokens = b * s
     hidden, inner = tokens * model.hidden_size, tokens * model.ffn_hidden_size / tp
     drop = 1 if model.dropout else 0
-    # norms: read x, write y (backward reads x, dy and writes dx, and reduces dgamma / dbeta)
-    fwd = 2 * _elementwise(hidden, 1, 1, 0, rates)
-    bwd = 2 * _elementwise(hidden, 3, 1, 0, rates)
+    # two norms: read x, write y (backward reads x and dy, writes dx, and reduces dgamma / dbeta)
+    fwd, bwd = 2 * _elementwise(hidden, 1, 1, 0, rates), 2 * _elementwise(hidden, 3, 1, 0, rates)
     kernels_f, kernels_b = 2, 4
-    # merge heads (a copy), activation (GELU; SwiGLU = SiLU then a product), dropout + residual add x2
+    # merging the heads is a copy; the activation is GELU, or SwiGLU's SiLU and product
     fwd += _elementwise(hidden / tp, 1, 1, 0, rates)
     bwd += _elementwise(hidden / tp, 1, 1, 0, rates)
     if model.gated_mlp:
@@ -151,17 +150,18 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
         fwd += _elementwise(inner, 1, 1, 0, rates)
         bwd += _elementwise(inner, 2, 1, 0, rates)
         kernels_f, kernels_b = kernels_f + 2, kernels_b + 2
-    fwd += 2 * (_elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates))
-    bwd += 2 * (_elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates))
+    # after attention and after the MLP: dropout (a 1-byte mask) and the residual add
+    pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
+    fwd, bwd = fwd + 2 * pair, bwd + 2 * pair
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
     if model.attention == "eager":
-        # scale, mask (causal for a decoder, padding for an encoder), softmax, dropout over the scores
+        # scale, mask (causal for a decoder, padding for an encoder), softmax and dropout over the scores
         scores = b * model.num_heads / tp * s * s
         passes = 3 + drop
         fwd += _elementwise(scores, passes, passes, drop * scores, rates)
         bwd += _elementwise(scores, passes + 1, passes, drop * scores, rates)
         kernels_f, kernels_b = kernels_f + passes, kernels_b + passes
-    return fwd, bwd, kernels_f + 2, kernels_b + 2  # + the two bias-free reshapes / grad accumulations
+    return fwd, bwd, kernels_f + 2, kernels_b + 2  # + bias adds the GEMM epilogue does not fuse
 
 
 def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:
@@ -185,14 +185,16 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     """Final norm, logits and loss (and the embedding when `embedding`): what runs outside the blocks."""
     tokens = b * s
     hidden = tokens * model.hidden_size
-    gathers = 1 + (model.position_embedding == "learned") + (model.type_vocab_size > 0)
-    norms = int(model.embedding_norm) * embedding + int(model.final_norm)
-    fwd = (_elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, gathers - 1, 0, 0, rates)
-           if embedding else 0 * hidden)
-    bwd = _elementwise(hidden, gathers, gathers, 0, rates) if embedding else 0 * hidden
+    gathers = 1 + int(model.position_embedding == "learned") + int(model.type_vocab_size > 0)
+    norms = int(model.embedding_norm and embedding) + int(model.final_norm)
+    fwd = bwd = 0 * hidden
+    if embedding:  # gathers, the adds that sum them, their backward scatter-adds
+        fwd = _elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, 2 * (gathers - 1), gathers - 1, 0, rates)
+        bwd = _elementwise(hidden, gathers, gathers, 0, rates)
     fwd += norms * _elementwise(hidden, 1, 1, 0, rates)
     bwd += norms * _elementwise(hidden, 3, 1, 0, rates)
-    kernels_f, kernels_b = 2 * gathers * embedding + norms, 2 * gathers * embedding + 2 * norms
+    kernels_f = (2 * gathers - 1) * int(embedding) + norms
+    kernels_b = gathers * int(embedding) + 2 * norms
     flops = 0 * hidden
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp

@@ -172,13 +172,22 @@ def _catalog_by_dims() -> dict[tuple[int, ...], ModelSpec]:
     return {tuple(getattr(m, d) for d in MODEL_DIMS): m for m in models}
 
 
+def _same_family(name: str, dims: tuple[int, ...]) -> ModelSpec | None:
+    """A catalog model the row's name starts with and whose blocks match, with the row's vocabulary
+    (bert-base-cased is the catalog's bert-base with a 28,996-token vocabulary)."""
+    for model in (load_model(n) for n in list_models() if name.startswith(n)):
+        if tuple(getattr(model, d) for d in MODEL_DIMS[:-1]) == dims[:-1]:
+            return model.replace(vocab_size=dims[-1], name=name)
+    return None
+
+
 def model_spec(fields: dict[str, Any], seq_len: int, source: str) -> ModelSpec | str:
     """The catalog model with the row's dimensions, else a GPT-style ModelSpec; a str says what is missing."""
     missing = [d for d in MODEL_DIMS if not fields.get(d)]
     if missing:
         return f"model {', '.join(missing)} not given (source gives a nominal size only)"
     dims = tuple(int(fields[d]) for d in MODEL_DIMS)
-    known = _catalog_by_dims().get(dims)
+    known = _catalog_by_dims().get(dims) or _same_family(str(fields.get("name") or ""), dims)
     if known is not None:
         return known if known.position_embedding != "learned" or seq_len <= known.max_position_embeddings \
             else known.replace(max_position_embeddings=seq_len)
