@@ -128,6 +128,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         vocab_size=int(_hf(cfg, "vocab_size")),
         max_position_embeddings=int(_hf(cfg, "max_position_embeddings", "n_positions", "n_ctx", default=2048)),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
         source=f"Hugging Face config.json at {path}",
     )
     return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
