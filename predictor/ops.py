@@ -193,7 +193,7 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     hidden = tokens * model.hidden_size
     gathers = 1 + int(model.position_embedding == "learned") + int(model.type_vocab_size > 0)
     norms = int(model.embedding_norm and embedding) + int(model.final_norm)
-    fwd = bwd = 0 * hidden
+    fwd, bwd = 0 * hidden, 0 * hidden  # two arrays: += below must not alias them
     if embedding:  # gathers, the adds that sum them, their backward scatter-adds
         fwd = _elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, 2 * (gathers - 1), gathers - 1, 0, rates)
         bwd = _elementwise(hidden, gathers, gathers, 0, rates)

@@ -13,6 +13,7 @@ a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth con
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -22,7 +23,8 @@ from predictor.dsconfig import DSConfig
 from predictor.flops import micro_batch_flops
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
-from predictor.ops import device_rates, layer_times, outer_times
+from predictor.model import ModelSpec
+from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
@@ -112,21 +114,35 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     logits and loss, which the last stage runs (with one stage, the embedding too). Each phase takes the
     longer of its kernels' device time and the host's launches of them. Model FLOPs are flops.py's count
     spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
-    m, s, tp = job.model, job.seq_len, cfg.mp_size
+    m = job.model
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
     rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     layers = cfg.stage_layers(m.num_layers)
-    block, outer = layer_times(m, b, s, tp, rates), outer_times(m, b, s, tp, rates, cfg.pp_size == 1)
+    sizes = tuple(np.asarray(b, dtype=float).ravel())
+    fwd, bwd, rec = (np.asarray(x).reshape(np.shape(b)) if isinstance(b, np.ndarray) else float(x[0])
+                     for x in _op_times(m, job.seq_len, rates, cfg.mp_size, layers, cfg.pp_size == 1,
+                                        cfg.activation_checkpointing.enabled, sizes))
+    one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
+    share = cfg.mp_size * m.num_layers / layers
+    return fwd, bwd, rec, b * one.model_flops / share
+
+
+@lru_cache(maxsize=64)
+def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
+              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(forward, backward, recompute) seconds of one stage at each micro-batch size. Cached: the variants of a
+    space differ in ZeRO knobs that leave compute alone, so ranking times each (model, device, sizes) once."""
+    b = np.array(sizes)
+    block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
     launch = rates.kernel_launch_s
     fwd = np.maximum(layers * block.forward_s + outer.forward_s,
                      launch * (layers * block.forward_kernels + outer.forward_kernels))
     bwd = np.maximum(layers * block.backward_s + outer.backward_s,
                      launch * (layers * block.backward_kernels + outer.backward_kernels))
-    rec = (np.maximum(layers * block.forward_s, launch * layers * block.forward_kernels)
-           if cfg.activation_checkpointing.enabled else 0 * fwd)
-    one = micro_batch_flops(m, 1, s, cfg.activation_checkpointing.enabled)
-    share = cfg.mp_size * m.num_layers / layers
-    return fwd, bwd, rec, b * one.model_flops / share
+    rec = np.maximum(layers * block.forward_s, launch * layers * block.forward_kernels) if recompute else 0 * fwd
+    for column in (fwd, bwd, rec):
+        column.setflags(write=False)  # shared between callers through the cache
+    return fwd, bwd, rec
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:
