@@ -27,7 +27,7 @@ from predictor.model import ModelSpec
 from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
@@ -125,6 +125,33 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
     share = cfg.mp_size * m.num_layers / layers
     return fwd, bwd, rec, b * one.model_flops / share
+
+
+@dataclass(frozen=True)
+class StageParts:
+    """One micro-step of the busiest stage as the tasks a schedule needs, in seconds: each block's forward,
+    backward and recompute, and what runs outside the blocks (embedding, logits and loss). layers x block +
+    outer equals compute_times' totals (in the host-bound regime every part stretches alike)."""
+
+    layers: int
+    block_forward_s: float
+    block_backward_s: float
+    block_recompute_s: float
+    outer_forward_s: float
+    outer_backward_s: float
+
+
+def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
+    m, b = job.model, cfg.train_micro_batch_size_per_gpu
+    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
+    layers = cfg.stage_layers(m.num_layers)
+    block = layer_times(m, b, job.seq_len, cfg.mp_size, rates)
+    outer = outer_times(m, b, job.seq_len, cfg.mp_size, rates, cfg.pp_size == 1)
+    fwd, bwd, rec, _ = compute_times(job, cfg, eff)
+    stretch_f = float(fwd) / float(layers * block.forward_s + outer.forward_s)
+    stretch_b = float(bwd) / float(layers * block.backward_s + outer.backward_s)
+    return StageParts(layers, float(block.forward_s) * stretch_f, float(block.backward_s) * stretch_b,
+                      float(rec) / layers, float(outer.forward_s) * stretch_f, float(outer.backward_s) * stretch_b)
 
 
 @lru_cache(maxsize=64)
