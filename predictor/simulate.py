@@ -22,7 +22,8 @@ import networkx as nx
 from predictor.dsconfig import DSConfig
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES
-from predictor.step_time import (Collective, TimeEstimate, collective_s, data_parallel_link, estimate_time,
+from predictor.step_time import (Collective, TimeEstimate, collective_s, data_parallel_collectives,
+                                 data_parallel_link, estimate_time,
                                  last_micro_step_exposed, stage_parts)
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step", "simulated_time"]
@@ -69,6 +70,9 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     comm = lambda kind, elems: collective_s(Collective(kind, elems * (p if kind == "all_gather" else g), 1,  # noqa: E731
                                                        "backward", True), n_dp, bandwidth, latency)
+    # the gradient reduction DeepSpeed issues (data_parallel_collectives: reduce-scatter, or all-reduce)
+    reduce_kind = next((c.kind for c in data_parallel_collectives(job, cfg) if c.phase == "backward"),
+                       "reduce_scatter")
     graph = nx.DiGraph()
     gather_prev = compute_prev = ""
     prefetch_depth = max(1, int(z.stage3_prefetch_bucket_size_elems // max(layer_params, 1)))
@@ -98,12 +102,12 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         bwd_tasks.append(compute_prev)
         bucket_elems += layer_params
         if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
-            reduce_prev = _add(graph, f"rs{i}", "comm", comm("reduce_scatter", bucket_elems),
+            reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
     if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
         left = bucket_elems + outer_params
-        _add(graph, "rs_last", "comm", comm("reduce_scatter", left), [compute_prev, reduce_prev])
+        _add(graph, "rs_last", "comm", comm(reduce_kind, left), [compute_prev, reduce_prev])
     compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
     comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s
     return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)
