@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from predictor import DSConfig
-from predictor.catalog import load_hardware, load_model
+from predictor.catalog import data_dir, list_hardware, load_hardware, load_model
 from predictor.dsconfig import ActivationCheckpointing
 from predictor.flops import micro_batch_flops
 from predictor.job import Efficiency
@@ -82,3 +82,23 @@ def test_gelu_new_costs_more_than_fused_gelu() -> None:
     fused = layer_times(model.replace(activation="gelu"), 3, 1024, 1, rates)
     assert eager.forward_s > fused.forward_s and eager.backward_s > fused.backward_s
     assert eager.forward_flops == fused.forward_flops
+
+
+@pytest.mark.parametrize("name", list_hardware())
+def test_catalog_achievable_figures_are_below_the_datasheet_and_sourced(name: str) -> None:
+    hw = load_hardware(name)
+    assert set(hw.matmul_flops) == set(hw.peak_flops)
+    for precision, rate in hw.matmul_flops.items():
+        assert 0 < rate <= hw.peak_flops[precision], precision
+    assert 0 < hw.achievable_memory_bandwidth_bytes_per_s <= hw.memory_bandwidth_bytes_per_s
+    assert 0 < hw.kernel_launch_s < 1e-3 and hw.num_compute_units >= 1
+    assert len(hw.achievable_source) > 40
+
+
+def test_catalog_rejects_a_matmul_figure_for_a_precision_without_a_peak(tmp_path) -> None:
+    text = (data_dir() / "hardware" / "v100-32gb.yaml").read_text().replace("bf16_matmul_tflops: null",
+                                                                             "bf16_matmul_tflops: 50")
+    path = tmp_path / "v100-bf16.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="matmul_tflops must be given for exactly the precisions with a peak"):
+        load_hardware(str(path))
