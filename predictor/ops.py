@@ -34,6 +34,7 @@ import numpy as np
 from predictor.flops import BACKWARD_PER_FORWARD
 from predictor.hardware import HardwareSpec
 from predictor.job import Efficiency
+from predictor.memory import DTYPE_BYTES
 from predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "PhaseTimes", "layer_times", "outer_times",
@@ -46,8 +47,9 @@ MIN_TILE_ELEMS = 16
 FLASH_BACKWARD_PER_FORWARD = 2.5
 """Flash attention's backward recomputes the scores: 5 matmuls against the forward's 2 (Dao et al. 2022,
 sec. 3.1 and app. B)."""
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-"""Activation element size: DeepSpeed's fp16/bf16 modes run the module in 16 bits (engine.py casts it)."""
+ELEMENT_BYTES = DTYPE_BYTES
+"""Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
+are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
 
 
 @dataclass(frozen=True)
