@@ -19,6 +19,7 @@ from predictor.dsconfig import DSConfig
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES
 from predictor.step_time import Collective, collective_s, compute_times, data_parallel_link
+from predictor.zero_mechanics import grad_reduction, zero3_trace
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step"]
 
@@ -62,8 +63,13 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     layer_params = m.num_layer_params / cfg.mp_size
     outer_params = (m.num_params / cfg.mp_size) - num_layers * layer_params
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
-    comm = lambda kind, elems: collective_s(Collective(kind, elems * (p if kind == "all_gather" else g), 1,  # noqa: E731
-                                                       "backward", True), n_dp, bandwidth, latency)
+    reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
+    trace = zero3_trace(m, cfg)
+    # ZeRO-3 issues one gather per module: a block's calls, and backward re-gathers only what forward released.
+    calls = max(1, round(trace.num_gather_calls_forward / num_layers))
+    regather = trace.fetched_elems_backward / max(trace.fetched_elems_forward, 1.0)
+    comm = lambda kind, elems, n=1: collective_s(Collective(kind, elems * (p if kind == "all_gather" else g),  # noqa: E731
+                                                            n, "backward", True), n_dp, bandwidth, latency)
     graph = nx.DiGraph()
     gather_prev = compute_prev = ""
     prefetch_depth = max(1, int(z.stage3_prefetch_bucket_size_elems // max(layer_params, 1)))
@@ -74,7 +80,8 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         if z.stage == 3:
             # Prefetch keeps up to prefetch_depth blocks in flight ahead of the one computing.
             window = fwd_tasks[i - prefetch_depth - 1] if i > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_f{i}", "comm", comm("all_gather", layer_params), [gather_prev, window])
+            gather_prev = _add(graph, f"ag_f{i}", "comm", comm("all_gather", layer_params, calls),
+                               [gather_prev, window])
             deps.append(gather_prev)
         compute_prev = _add(graph, f"f{i}", "compute", layer_fwd, deps)
         fwd_tasks.append(compute_prev)
@@ -84,18 +91,19 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         if z.stage == 3:
             k = num_layers - 1 - i
             window = bwd_tasks[k - prefetch_depth - 1] if k > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", layer_params), [gather_prev, window])
+            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", regather * layer_params, calls),
+                               [gather_prev, window])
             deps.append(gather_prev)
         compute_prev = _add(graph, f"b{i}", "compute", layer_bwd, deps)
         bwd_tasks.append(compute_prev)
         bucket_elems += layer_params
         if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
-            reduce_prev = _add(graph, f"rs{i}", "comm", comm("reduce_scatter", bucket_elems),
+            reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
     if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
         left = bucket_elems + outer_params
-        _add(graph, "rs_last", "comm", comm("reduce_scatter", left), [compute_prev, reduce_prev])
+        _add(graph, "rs_last", "comm", comm(reduce_kind, left), [compute_prev, reduce_prev])
     compute_s = fwd + bwd + rec
     comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s
     return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)
