@@ -218,6 +218,16 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     return elems * g * copies, 0.0
 
 
+def _buckets_beyond_logits(logits: Any, buckets: float, cfg: DSConfig) -> Any:
+    """The part of the backward buckets that adds to the forward / backward peak. Stages 1-2 allocate their IPG
+    buckets at the first gradient hook of every backward and drop them after the step (stage_1_and_2.py:2287
+    process_gradients -> setup_buckets:3256-3280), once the loss's backward has freed the logits: only what
+    they exceed the logits by adds. Stage 3 allocates its bucket once, at start-up (stage3.py:780-784)."""
+    if cfg.zero.stage in (1, 2):
+        return np.maximum(buckets - logits, 0.0)
+    return buckets + 0 * logits
+
+
 def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], ModelStates]:
     """The live terms of each phase (before allocator slack and runtime reserve), and the model states."""
     _check(job, cfg)
@@ -228,7 +238,8 @@ def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], Model
     base = {"parameters": states.parameters, "gradients": states.gradients,
             "optimizer_states": states.optimizer_states}
     phases = {
-        "forward_backward": {**base, "activations": acts, "logits": logits, "comm_buckets": during_bwd,
+        "forward_backward": {**base, "activations": acts, "logits": logits,
+                             "comm_buckets": float(_buckets_beyond_logits(logits, during_bwd, cfg)),
                              "zero3_gathered": gathered},
         "gradient_reduction": {**base, "comm_buckets": after_bwd},
         "optimizer_step": {**base, "master_gradients": states.master_gradients},
@@ -272,13 +283,16 @@ def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> 
 
 def memory_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(peak device bytes, host bytes per node) of `cfg` at each micro-batch size in an array: the terms of
-    estimate_memory, with activations and logits scaled from one sample (both are linear in the micro-batch)."""
+    estimate_memory, with activations and logits scaled from one sample (both are linear in the micro-batch) and
+    the buckets that wait for the logits to go (_buckets_beyond_logits) recomputed from them."""
     phases, states = _phases(job, cfg.replace(train_micro_batch_size_per_gpu=1))
-    forward_backward = phases["forward_backward"]
-    per_sample = forward_backward["activations"] + forward_backward["logits"]
-    fixed = sum(forward_backward.values()) - per_sample
+    fb = phases["forward_backward"]
+    fixed = sum(fb.values()) - fb["activations"] - fb["logits"] - fb["comm_buckets"]
+    logits = micro_batch * fb["logits"]
+    forward_backward = (fixed + micro_batch * fb["activations"] + logits
+                        + _buckets_beyond_logits(logits, _buckets(job, cfg)[0], cfg))
     others = max(sum(phases[name].values()) for name in PHASES if name != "forward_backward")
-    live = np.maximum(fixed + micro_batch * per_sample, others)
+    live = np.maximum(forward_backward, others)
     total = live * (1 + eff.allocator_slack_fraction) + _reserved_bytes(job, eff)
     host = (states.host_bytes + _host_checkpoint_bytes(job, cfg, micro_batch)) * job.cluster.num_gpus_per_node
     return total, host + 0 * micro_batch
