@@ -78,7 +78,7 @@ class Efficiency:
     Functions that carry the backward hooks, and fetch_sub_module / release_sub_module bookkeeping
     (parameter_offload.py:337-609, partitioned_param_coordinator.py:310-533). Measured: stage 3 backward
     163 ms against stage 0's 50 ms; less the gradient hooks above, 90 ms over 220 hooked modules. A 16- and
-    32-layer width-32 model on one CPU rank gave 0.3-0.5 ms per module (benchmarks/zero3_hooks.md)."""
+    32-layer width-32 model on one CPU rank gave 0.1-0.3 ms per module and pass (benchmarks/zero3_hooks.md)."""
     zero3_param_fetch_s: float = 3.0e-4
     """Per parameter tensor gathered and released: status changes, stream and event handling per tensor
     (partitioned_param_coordinator.py:390-415), the torch.cat of its partitions (partition_parameters.py:795)

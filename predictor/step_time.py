@@ -234,8 +234,16 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
 
 def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
     """(per micro-step, per step) fixed seconds: the calibrated catch-alls plus DeepSpeed's runtime overheads
-    (hooks, per-tensor bookkeeping, collective launches; zero_mechanics.runtime_overhead_s)."""
-    micro, step = runtime_overhead_s(job.model, cfg, cfg.dp_size(job.cluster.world_size), eff)
+    (hooks, per-tensor bookkeeping, collective launches; zero_mechanics.runtime_overhead_s) and the device
+    copies of gradients into and out of the reduction buffers (zero_mechanics.grad_reduction), memory-bound."""
+    n_dp = cfg.dp_size(job.cluster.world_size)
+    micro, step = runtime_overhead_s(job.model, cfg, n_dp, eff)
+    red = grad_reduction(job.model, cfg)
+    copies_s = red.copy_bytes / job.cluster.hardware.memory_bandwidth_bytes_per_s
+    if cfg.zero.stage >= 2:
+        micro += copies_s
+    elif cfg.zero.stage == 1 or n_dp > 1:  # stage 0 flattens only when there is something to all-reduce
+        step += copies_s
     return eff.micro_step_overhead_s + micro, eff.step_overhead_s + step
 
 
