@@ -114,6 +114,26 @@ def test_zero3_working_set_is_what_the_reuse_distance_keeps() -> None:
     assert default - eager == pytest.approx(2 * (5e8 - zero3_working_set_elems(job.model, eager_cfg)), rel=0.05)
 
 
+def test_h100_probe_peaks_stages_0_to_2_alike_and_zero3_above() -> None:
+    # data/profiles/h100-80gb.measurements.jsonl, GPT-2 medium, bf16, micro-batch 4, one H100: max_memory_allocated
+    # 19,031,625,728 B for ZeRO-0 and 19,031,524,352 for ZeRO-1 and 2 (stages 1-2 allocate their IPG buckets at the
+    # first gradient hook, after the logits are freed: stage_1_and_2.py:2287, 3256-3280), 20,741,663,232 for
+    # ZeRO-3, whose bucket is allocated at start-up (stage3.py:780-784). Predicted: the same peak for stages 0-2,
+    # and ZeRO-3's bucket plus the largest module's gradient above it, 1.03 GiB of the measured 1.60.
+    probes, job = _probes(), make_job("gpt2-medium", "h100-80gb", 1, 1, 1024)
+
+    def live(stage: int) -> float:
+        est = estimate_memory(job, _cfg(stage, "bf16", train_micro_batch_size_per_gpu=4, overlap_comm=stage == 3))
+        b = est.breakdown_bytes
+        return est.total_bytes - b["runtime_reserved"] - b["allocator_slack"]
+
+    assert live(1) == pytest.approx(live(0), rel=1e-9) and live(2) == pytest.approx(live(0), rel=1e-9)
+    for stage in (0, 1, 2, 3):
+        assert live(stage) == pytest.approx(probes[stage]["peak_memory_bytes"], rel=0.06)
+    measured_extra = probes[3]["peak_memory_bytes"] - probes[1]["peak_memory_bytes"]
+    assert live(3) - live(1) == pytest.approx(measured_extra, rel=0.4)
+
+
 def test_zero3_counts_the_hooked_modules_of_the_built_in_workload() -> None:
     # ZeRO-3 registers its hooks on every module (parameter_offload.py:337-528); those that run are the modules
     # of calibrate/workload.py's GPT except the ModuleList that holds the blocks.
