@@ -63,7 +63,7 @@ class Efficiency:
     the optimizer step and gradient bookkeeping. Measured on an H100, DeepSpeed's step timer read 50-115 ms for
     GPT-2 medium whatever the micro-batch, against ~4 ms of memory traffic; 0 until a calibration fits it."""
     micro_step_overhead_s: float = 0.0
-    """The same per micro-step (forward / backward hooks, ZeRO bookkeeping); 0 until calibrated."""
+    """The same per micro-step, beyond the DeepSpeed runtime overheads named below; 0 until calibrated."""
     # DeepSpeed runtime overheads (zero_mechanics.py)
     # Host seconds of DeepSpeed 0.19's Python per hook, tensor and collective, added to the kernels' time. The
     # defaults are measured on the H100 probes (data/profiles/h100-80gb.measurements.jsonl: one GPU, GPT-2
