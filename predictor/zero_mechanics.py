@@ -200,15 +200,22 @@ def grad_reduction(model: ModelSpec, cfg: DSConfig) -> GradReduction:
     Stage 3 reduce-scatters each bucket after an interleaving copy (comm/coalesced_collectives.py:81-141) and
     copies the partition out (stage3.py:2006-2051); with reduce_scatter: false it all-reduces the contiguous
     bucket (stage3.py:1673-1675, 1863-1909)."""
-    z, psi = cfg.zero, model.num_params / cfg.model_parallel_size
-    g = _BYTES[cfg.grad_precision]
-    if z.stage == 0:
+    z = cfg.zero
+    return _grad_reduction(model, z.stage, z.reduce_bucket_size_elems, z.reduce_scatter, cfg.model_parallel_size,
+                           cfg.grad_precision)
+
+
+@lru_cache(maxsize=4096)
+def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scatter: bool, model_parallel: int,
+                    grad_precision: str) -> GradReduction:
+    psi, g = model.num_params / model_parallel, _BYTES[grad_precision]
+    if stage == 0:
         calls = max(1, math.ceil(psi / STAGE0_ALLREDUCE_BUCKET_ELEMS))
         return GradReduction("all_reduce", calls, 2 * 2 * psi * g, 0)  # flatten and copy back, read + write
-    calls = max(1, math.ceil(psi / max(z.reduce_bucket_size_elems, 1)))
+    calls = max(1, math.ceil(psi / max(bucket_elems, 1)))
     # into the bucket, flatten (stages 1-2) or interleave (stage 3) for the collective, the partition back out
     copies = 2 * 3 * psi * g
-    kind: ReduceKind = "reduce_scatter" if z.stage == 3 and z.reduce_scatter else "all_reduce"
+    kind: ReduceKind = "reduce_scatter" if stage == 3 and reduce_scatter else "all_reduce"
     return GradReduction(kind, calls, copies, model.num_tensors)
 
 
