@@ -173,9 +173,13 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
         return last, (last if cfg.zero.stage == 2 else 0.0)
     gathers_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward" and c.kind == "all_gather"]
     reduces = [(t, c.num_buckets) for c, t in timed if c.phase == "backward" and c.kind != "all_gather"]
-    forward = _windowed([(t, c.num_buckets) for c, t in timed if c.phase == "forward"], fwd, True, eff)
-    backward = _windowed(gathers_bwd + (reduces if overlap else []), bwd, True, eff)
-    exposed = forward + backward + (0.0 if overlap else sum(t for t, _ in reduces))
+    # Gathers hide behind compute only when prefetched: with stage3_prefetch_bucket_size 0 each module waits for
+    # its own fetch (partitioned_param_coordinator.py:452).
+    prefetch = cfg.zero.stage3_prefetch_bucket_size_elems > 0
+    forward = _windowed([(t, c.num_buckets) for c, t in timed if c.phase == "forward"], fwd, prefetch, eff)
+    behind = (gathers_bwd if prefetch else []) + (reduces if overlap else [])
+    alone = (gathers_bwd if not prefetch else []) + (reduces if not overlap else [])
+    exposed = forward + _windowed(behind, bwd, True, eff) + sum(t for t, _ in alone)
     return exposed, exposed
 
 

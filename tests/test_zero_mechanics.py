@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory
+from predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory, estimate_time
 from predictor.memory import state_bytes
 from predictor.rank import evaluate_space, metric_value
 from predictor.space import space_from_ds_config
+from predictor.step_time import collective_s, data_parallel_collectives, data_parallel_link
 from predictor.zero_mechanics import (grad_reduction, optimizer_wrapper, runtime_overhead_s, zero3_trace,
                                       zero3_working_set_elems)
 from tests.conftest import make_job
@@ -157,6 +158,21 @@ def test_stages_1_and_2_all_reduce_their_buckets_by_default() -> None:
         for rs in (True, False):
             assert grad_reduction(model, _cfg(stage, reduce_scatter=rs)).kind == "all_reduce"
     assert grad_reduction(model, _cfg(3)).kind == "reduce_scatter"  # stage3.py:1931 reduce_scatter_coalesced
+
+
+def test_without_prefetch_zero3_waits_for_every_gather() -> None:
+    # partitioned_param_coordinator.py:452: ZeRO-3 prefetches only when stage3_prefetch_bucket_size > 0; at 0
+    # each module's hook waits for its own all-gather, so none of them hides behind compute.
+    job = make_job("gpt2-xl", "a100-80gb", 2, 8, 1024)
+    cfg = _cfg(3, train_micro_batch_size_per_gpu=16, overlap_comm=True)  # compute longer than the gathers
+    eager = cfg.replace_zero(stage3_prefetch_bucket_size_elems=0)
+    bandwidth, latency = data_parallel_link(job, Efficiency())
+    gathers = sum(collective_s(c, 16, bandwidth, latency) for c in data_parallel_collectives(job, eager)
+                  if c.kind == "all_gather")
+    exposed = estimate_time(job, eager).breakdown_s["exposed_comm"]
+    assert exposed >= gathers > 0
+    # prefetched, at least half of the gathers' time hides behind forward and backward compute
+    assert estimate_time(job, cfg).breakdown_s["exposed_comm"] <= exposed - 0.5 * gathers
 
 
 # -- host overheads: the measured defaults reproduce the probes they come from ------------------------------
