@@ -69,10 +69,35 @@ class Efficiency:
     the optimizer step and gradient bookkeeping. Measured on an H100, DeepSpeed's step timer read 50-115 ms for
     GPT-2 medium whatever the micro-batch, against ~4 ms of memory traffic; 0 until a calibration fits it."""
     micro_step_overhead_s: float = 0.0
-    """The same per micro-step (forward / backward hooks, ZeRO bookkeeping); 0 until calibrated."""
-    zero3_tensor_overhead_s: float = 0.0
-    """Seconds ZeRO-3 spends per parameter tensor per micro-step fetching and releasing it (module hooks,
-    Python, allocation): on one H100 ZeRO-3 stepped 2.2x slower than ZeRO-0 for GPT-2 medium and 1.9x on two
-    CPU ranks for zt-gpt-small, with no communication to explain it. 0 until a calibration fits it."""
+    """The same per micro-step, beyond the DeepSpeed runtime overheads named below; 0 until calibrated."""
+    # DeepSpeed runtime overheads (zero_mechanics.py)
+    # Host seconds of DeepSpeed 0.19's Python per hook, tensor and collective, added to the kernels' time. The
+    # defaults are measured on the H100 probes (data/profiles/h100-80gb.measurements.jsonl: one GPU, GPT-2
+    # medium in zerotune's workload, bf16, micro-batch 4, DeepSpeed's fwd / bwd / step timers), where one rank
+    # makes every collective a no-op, so each difference between stages is hook and bookkeeping time alone.
+    grad_hook_s: float = 5.8e-5
+    """Per parameter tensor per gradient reduction: the hook that copies its gradient into the IPG bucket and
+    books it (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads, stage3.py:1569-1644).
+    Measured: stage 2 backward 72.1 ms against stage 1's 49.7 ms, 22.4 ms over the model's 388 tensors."""
+    zero3_module_hook_s: float = 4.1e-4
+    """Per submodule per pass (forward, and again in backward): ZeRO-3's pre/post hooks, the autograd
+    Functions that carry the backward hooks, and fetch_sub_module / release_sub_module bookkeeping
+    (parameter_offload.py:337-609, partitioned_param_coordinator.py:310-533). Measured: stage 3 backward
+    163 ms against stage 0's 50 ms; less the gradient hooks above, 90 ms over 220 hooked modules. A 16- and
+    32-layer width-32 model on one CPU rank gave 0.1-0.3 ms per module and pass (benchmarks/zero3_hooks.md)."""
+    zero3_param_fetch_s: float = 3.0e-4
+    """Per parameter tensor gathered and released: status changes, stream and event handling per tensor
+    (partitioned_param_coordinator.py:390-415), the torch.cat of its partitions (partition_parameters.py:795)
+    and free_param on release. Measured: stage 3 forward 165 ms against stage 0's 31.5 ms; less the module
+    hooks, 43 ms over 146 fetched tensors."""
+    collective_launch_s: float = 2.0e-5
+    """Per collective issued, on top of the link's latency: DeepSpeed's comm wrapper and torch.distributed's
+    dispatch (~10-20 us of Python and C++) and the NCCL kernel launch (~5 us, CUDA launch overhead). Not
+    measurable on one GPU; an estimate, to be replaced by calibration."""
+    tensor_sync_check_s: float = 6.5e-5
+    """Per parameter tensor per step under FP16_Optimizer (16-bit without ZeRO): its overflow test branches on
+    each gradient's inf/nan check, one device synchronisation per tensor (runtime/utils.py:291-295).
+    Measured: stage 0's step timer 91 ms (mean of three probes) against 66 ms for stages 1-2, 25 ms over
+    388 tensors."""
     host_optimizer_params_per_s: float = 1.0e9
     """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""

@@ -22,15 +22,14 @@ from predictor.activations import (checkpoint_bytes_per_layer, embedding_activat
 from predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
 from predictor.job import Efficiency, Job
 from predictor.model import ModelSpec
+from predictor.zero_mechanics import (STAGE0_ALLREDUCE_BUCKET_ELEMS, grad_bytes_per_param,
+                                      transient_fp32_grad_bytes_per_param, zero3_working_set_elems)
 
 __all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "memory_columns", "model_states", "state_bytes", "TERMS", "PHASES",
            "DTYPE_BYTES", "STAGE0_ALLREDUCE_BUCKET_ELEMS"]
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = 4
-# DeepSpeed engine.allreduce_gradients() flattens stage-0 gradients in buckets of
-# MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements (deepspeed/runtime/constants.py).
-STAGE0_ALLREDUCE_BUCKET_ELEMS = 500_000_000
 
 TERMS = ("parameters", "gradients", "optimizer_states", "master_gradients", "activations", "logits",
          "comm_buckets", "zero3_gathered", "runtime_reserved", "allocator_slack")
@@ -118,8 +117,11 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
 
     DeepSpeed's ZeRO optimizers keep an fp32 partition of the parameters even in fp32 training
     (stage_1_and_2.py clones single_partition_of_fp32_groups), so the master copy exists whenever ZeRO
-    is on or the model is 16-bit. The fp32 gradient partition the optimizer consumes is the 4 of
-    DeepSpeed's 18 bytes in estimate_zero2_model_states_mem_needs (2 + 4 + 4 + 8).
+    is on or the model is 16-bit. master_gradients are the fp32 gradients alive at the optimizer step
+    (zero_mechanics.transient_fp32_grad_bytes_per_param): 4 per partitioned parameter under ZeRO, the 4 of
+    DeepSpeed's 18 bytes in estimate_zero2_model_states_mem_needs (2 + 4 + 4 + 8), but 8 per parameter under
+    FP16_Optimizer (16-bit without ZeRO), which casts every gradient and flattens the casts. BF16_Optimizer
+    keeps an fp32 gradient buffer of the whole model beside the bf16 gradients (grad_bytes_per_param).
     """
     z, p = cfg.zero, DTYPE_BYTES[cfg.precision]
     n_dp = cfg.dp_size(world_size)
@@ -128,8 +130,8 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
     shard_g = n_dp if z.stage >= 2 else 1
     master = FP32_BYTES if (cfg.precision != "fp32" or z.stage >= 1) else 0
     optimizer = (optimizer_state_bytes_per_param(cfg) + master) * psi / shard_os
-    master_grads = (FP32_BYTES if master else 0) * psi / shard_os
-    grads = DTYPE_BYTES[cfg.grad_precision] * psi / shard_g
+    master_grads = transient_fp32_grad_bytes_per_param(cfg) * psi / shard_os
+    grads = grad_bytes_per_param(cfg) * psi / shard_g
     params = p * psi
     host = nvme = 0.0
     if z.stage == 3:
@@ -144,7 +146,7 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
         # The optimizer and its fp32 gradients live on the host; with partitioned gradients (stage >= 2)
         # each reduced bucket goes straight to the host's fp32 gradient buffer (DeepSpeed's estimator:
         # 2 bytes per parameter on the device, 16 per partitioned parameter on the host).
-        moved = optimizer + master_grads
+        moved = optimizer + FP32_BYTES * psi / shard_os  # the fp32 gradient partition on the host
         grads = grads if z.stage < 2 else 0.0
         if z.offload_optimizer.device == "cpu":
             host += moved
@@ -179,14 +181,18 @@ def _activations(job: Job, cfg: DSConfig) -> tuple[float, float]:
 
 
 def _stage3_gathered(job: Job, cfg: DSConfig) -> float:
-    """ZeRO-3's working set: the largest module gathered in full plus what prefetch has in flight
-    (capped by stage3_max_live_parameters), and that module's full gradient before reduce-scatter.
+    """ZeRO-3's gathered parameters at the forward / backward turn (zero_mechanics.zero3_working_set_elems: what
+    stage3_max_reuse_distance keeps gathered, at least the module computing plus the prefetch in flight), and
+    the largest module's full gradient before it is reduced. With one data-parallel rank nothing is gathered:
+    the partition is the whole tensor (partition_parameters.py:1559-1560, _no_gather_coalesced).
     DeepSpeed's own estimator charges 4 bytes x largest layer for the same thing."""
-    m, z = job.model, cfg.zero
+    m = job.model
     largest = max([m.num_layer_params] + [t.num_elems for t in m.embedding_tensors() + m.head_tensors()])
     largest /= cfg.mp_size
-    live = min(z.stage3_max_live_parameters_elems, largest + z.stage3_prefetch_bucket_size_elems)
-    return live * DTYPE_BYTES[cfg.precision] + largest * DTYPE_BYTES[cfg.grad_precision]
+    gradient = largest * DTYPE_BYTES[cfg.grad_precision]
+    if cfg.dp_size(job.cluster.world_size) == 1:
+        return gradient
+    return zero3_working_set_elems(m, cfg) / cfg.mp_size * DTYPE_BYTES[cfg.precision] + gradient
 
 
 def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
@@ -212,6 +218,16 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     return elems * g * copies, 0.0
 
 
+def _buckets_beyond_logits(logits: Any, buckets: float, cfg: DSConfig) -> Any:
+    """The part of the backward buckets that adds to the forward / backward peak. Stages 1-2 allocate their IPG
+    buckets at the first gradient hook of every backward and drop them after the step (stage_1_and_2.py:2287
+    process_gradients -> setup_buckets:3256-3280), once the loss's backward has freed the logits: only what
+    they exceed the logits by adds. Stage 3 allocates its bucket once, at start-up (stage3.py:780-784)."""
+    if cfg.zero.stage in (1, 2):
+        return np.maximum(buckets - logits, 0.0)
+    return buckets + 0 * logits
+
+
 def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], ModelStates]:
     """The live terms of each phase (before allocator slack and runtime reserve), and the model states."""
     _check(job, cfg)
@@ -222,7 +238,8 @@ def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], Model
     base = {"parameters": states.parameters, "gradients": states.gradients,
             "optimizer_states": states.optimizer_states}
     phases = {
-        "forward_backward": {**base, "activations": acts, "logits": logits, "comm_buckets": during_bwd,
+        "forward_backward": {**base, "activations": acts, "logits": logits,
+                             "comm_buckets": float(_buckets_beyond_logits(logits, during_bwd, cfg)),
                              "zero3_gathered": gathered},
         "gradient_reduction": {**base, "comm_buckets": after_bwd},
         "optimizer_step": {**base, "master_gradients": states.master_gradients},
@@ -266,13 +283,16 @@ def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> 
 
 def memory_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(peak device bytes, host bytes per node) of `cfg` at each micro-batch size in an array: the terms of
-    estimate_memory, with activations and logits scaled from one sample (both are linear in the micro-batch)."""
+    estimate_memory, with activations and logits scaled from one sample (both are linear in the micro-batch) and
+    the buckets that wait for the logits to go (_buckets_beyond_logits) recomputed from them."""
     phases, states = _phases(job, cfg.replace(train_micro_batch_size_per_gpu=1))
-    forward_backward = phases["forward_backward"]
-    per_sample = forward_backward["activations"] + forward_backward["logits"]
-    fixed = sum(forward_backward.values()) - per_sample
+    fb = phases["forward_backward"]
+    fixed = sum(fb.values()) - fb["activations"] - fb["logits"] - fb["comm_buckets"]
+    logits = micro_batch * fb["logits"]
+    forward_backward = (fixed + micro_batch * fb["activations"] + logits
+                        + _buckets_beyond_logits(logits, _buckets(job, cfg)[0], cfg))
     others = max(sum(phases[name].values()) for name in PHASES if name != "forward_backward")
-    live = np.maximum(fixed + micro_batch * per_sample, others)
+    live = np.maximum(forward_backward, others)
     total = live * (1 + eff.allocator_slack_fraction) + _reserved_bytes(job, eff)
     host = (states.host_bytes + _host_checkpoint_bytes(job, cfg, micro_batch)) * job.cluster.num_gpus_per_node
     return total, host + 0 * micro_batch

@@ -22,9 +22,9 @@ import networkx as nx
 from predictor.dsconfig import DSConfig
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES
-from predictor.step_time import (Collective, TimeEstimate, collective_s, data_parallel_collectives,
-                                 data_parallel_link, estimate_time,
-                                 last_micro_step_exposed, stage_parts)
+from predictor.step_time import (Collective, CollectiveKind, TimeEstimate, collective_s, data_parallel_link,
+                                 estimate_time, last_micro_step_exposed, stage_parts)
+from predictor.zero_mechanics import grad_reduction, zero3_trace
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step", "simulated_time"]
 
@@ -68,11 +68,16 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     layer_params = m.num_layer_params / cfg.mp_size
     outer_params = (m.num_params / cfg.mp_size) - m.num_layers * layer_params
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
-    comm = lambda kind, elems: collective_s(Collective(kind, elems * (p if kind == "all_gather" else g), 1,  # noqa: E731
-                                                       "backward", True), n_dp, bandwidth, latency)
-    # the gradient reduction DeepSpeed issues (data_parallel_collectives: reduce-scatter, or all-reduce)
-    reduce_kind = next((c.kind for c in data_parallel_collectives(job, cfg) if c.phase == "backward"),
-                       "reduce_scatter")
+    reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
+    trace = zero3_trace(m, cfg)
+    # ZeRO-3 issues one gather per module: a block's calls, and backward re-gathers only what forward released.
+    layer_calls = max(1, round(trace.num_gather_calls_forward / m.num_layers))
+    regather = trace.fetched_elems_backward / max(trace.fetched_elems_forward, 1.0)
+
+    def comm(kind: CollectiveKind, elems: float, num_calls: int = 1) -> float:
+        size = elems * (p if kind == "all_gather" else g)
+        return collective_s(Collective(kind, size, num_calls, "backward", True), n_dp, bandwidth, latency)
+
     graph = nx.DiGraph()
     gather_prev = compute_prev = ""
     prefetch_depth = max(1, int(z.stage3_prefetch_bucket_size_elems // max(layer_params, 1)))
@@ -83,7 +88,8 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         if z.stage == 3:
             # Prefetch keeps up to prefetch_depth blocks in flight ahead of the one computing.
             window = fwd_tasks[i - prefetch_depth - 1] if i > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_f{i}", "comm", comm("all_gather", layer_params), [gather_prev, window])
+            gather_prev = _add(graph, f"ag_f{i}", "comm", comm("all_gather", layer_params, layer_calls),
+                               [gather_prev, window])
             deps.append(gather_prev)
         compute_prev = _add(graph, f"f{i}", "compute", layer_fwd, deps)
         fwd_tasks.append(compute_prev)
@@ -96,7 +102,8 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         if z.stage == 3:
             k = num_layers - 1 - i
             window = bwd_tasks[k - prefetch_depth - 1] if k > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", layer_params), [gather_prev, window])
+            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", regather * layer_params, layer_calls),
+                               [gather_prev, window])
             deps.append(gather_prev)
         compute_prev = _add(graph, f"b{i}", "compute", layer_bwd, deps)
         bwd_tasks.append(compute_prev)

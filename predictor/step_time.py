@@ -3,9 +3,13 @@
 Communication follows how DeepSpeed schedules each ZeRO stage, per optimizer step with G micro-steps,
 N data-parallel ranks, Psi parameters, p / g bytes per parameter and gradient:
   stage 0  all-reduce of Psi*g once, after the last backward, in 5e8-element buckets (not overlapped)
-  stage 1  reduce-scatter of Psi*g in the last micro-step's backward, all-gather of Psi*p after the step
-  stage 2  reduce-scatter of Psi*g in every micro-step's backward, all-gather of Psi*p after the step
-  stage 3  every micro-step: all-gather of Psi*p in forward and again in backward, reduce-scatter of Psi*g
+  stage 1  all-reduce of Psi*g per bucket in the last micro-step's backward (DeepSpeed 0.19 all-reduces even
+           with reduce_scatter: true), all-gather of Psi*p after the step
+  stage 2  the same all-reduce in every micro-step's backward, all-gather of Psi*p after the step
+  stage 3  every micro-step: all-gather of the non-persistent parameters in forward, again in backward for
+           those forward released, one call per module; reduce-scatter of Psi*g per bucket
+(zero_mechanics.py counts the calls and bytes.) DeepSpeed's host overheads per hook, tensor and call
+(zero_mechanics.runtime_overhead_s) add to the "overhead" term.
 Ring collectives cost (N-1)/N of the bytes per rank (twice for all-reduce) over the slowest link, plus
 a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth convention).
 """
@@ -22,9 +26,10 @@ import numpy as np
 from predictor.dsconfig import DSConfig
 from predictor.flops import micro_batch_flops
 from predictor.job import Efficiency, Job
-from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
+from predictor.memory import DTYPE_BYTES
 from predictor.model import ModelSpec
 from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
+from predictor.zero_mechanics import grad_reduction, runtime_overhead_s, wrapper_bytes_per_param, zero3_trace
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
@@ -35,7 +40,7 @@ TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_co
 Batch = Union[int, float, np.ndarray]
 """A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
-Phase = Literal["backward", "forward_backward", "after_step", "after_backward"]
+Phase = Literal["forward", "backward", "forward_backward", "after_step", "after_backward"]
 
 
 @dataclass(frozen=True)
@@ -88,22 +93,29 @@ def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float
 
 
 def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
-    z = cfg.zero
-    psi = job.model.num_params / cfg.model_parallel_size
+    """The collectives each stage issues (zero_mechanics.grad_reduction, zero3_trace), one bucket per call."""
+    z, m = cfg.zero, job.model
+    psi = m.num_params / cfg.model_parallel_size
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
-    buckets = lambda elems: max(1, math.ceil(psi / max(elems, 1)))  # noqa: E731
+    red = grad_reduction(m, cfg)
     if z.stage == 0:
-        return [Collective("all_reduce", psi * g, buckets(STAGE0_ALLREDUCE_BUCKET_ELEMS), "after_backward", False)]
+        return [Collective("all_reduce", psi * g, red.num_calls, "after_backward", False)]
     if z.stage < 3:
-        # Stages 1-2 without reduce_scatter average each bucket with a full all-reduce (stage_1_and_2.py
-        # average_tensor). The updated partitions come back in one all_gather_into_tensor wherever the backend
-        # has it (runtime/utils.py all_gather_dp_groups), so allgather_bucket_size changes nothing there.
-        reduce_kind: CollectiveKind = "reduce_scatter" if z.reduce_scatter else "all_reduce"
-        return [Collective(reduce_kind, psi * g, buckets(z.reduce_bucket_size_elems), "backward", z.stage == 2),
+        # Averaged by an all-reduce per IPG bucket whatever reduce_scatter says (grad_reduction); the updated
+        # partitions come back in one all_gather_into_tensor wherever the backend has it
+        # (runtime/utils.py all_gather_dp_groups), so allgather_bucket_size changes nothing there.
+        return [Collective(red.kind, psi * g, red.num_calls, "backward", z.stage == 2),
                 Collective("all_gather", psi * p, 1, "after_step", False)]
-    fetch = buckets(z.stage3_prefetch_bucket_size_elems)
-    return [Collective("reduce_scatter", psi * g, buckets(z.reduce_bucket_size_elems), "backward", True),
-            Collective("all_gather", 2 * psi * p, 2 * fetch, "forward_backward", True)]
+    # ZeRO-3 gathers what is not persistent, one call per module, in forward, and again in backward only what
+    # forward released (stage3_max_reuse_distance).
+    trace, tp = zero3_trace(m, cfg), cfg.mp_size
+    collectives = [Collective(red.kind, psi * g, red.num_calls, "backward", True),
+                   Collective("all_gather", trace.fetched_elems_forward / tp * p,
+                              max(1, trace.num_gather_calls_forward), "forward", True)]
+    if trace.num_gather_calls_backward:
+        collectives.append(Collective("all_gather", trace.fetched_elems_backward / tp * p,
+                                      trace.num_gather_calls_backward, "backward", True))
+    return collectives
 
 
 def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch | None = None
@@ -207,10 +219,15 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
     if cfg.zero.stage < 3:
         last = _windowed(in_bwd, bwd, overlap, eff)
         return last, (last if cfg.zero.stage == 2 else 0.0)
-    gathers = [(t / 2, max(1, c.num_buckets // 2)) for c, t in timed if c.phase == "forward_backward"]
-    forward = _windowed(gathers, fwd, True, eff)
-    backward = _windowed(gathers + (in_bwd if overlap else []), bwd, True, eff)
-    exposed = forward + backward + (0.0 if overlap else sum(t for t, _ in in_bwd))
+    gathers_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward" and c.kind == "all_gather"]
+    reduces = [(t, c.num_buckets) for c, t in timed if c.phase == "backward" and c.kind != "all_gather"]
+    # Gathers hide behind compute only when prefetched: with stage3_prefetch_bucket_size 0 each module waits for
+    # its own fetch (partitioned_param_coordinator.py:452).
+    prefetch = cfg.zero.stage3_prefetch_bucket_size_elems > 0
+    forward = _windowed([(t, c.num_buckets) for c, t in timed if c.phase == "forward"], fwd, prefetch, eff)
+    behind = (gathers_bwd if prefetch else []) + (reduces if overlap else [])
+    alone = (gathers_bwd if not prefetch else []) + (reduces if not overlap else [])
+    exposed = forward + _windowed(behind, bwd, True, eff) + sum(t for t, _ in alone)
     return exposed, exposed
 
 
@@ -256,7 +273,9 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     if z.offload_param.device != "none":
         offload = gas * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
     if z.offload_optimizer.device == "none":
-        return partition * eff.optimizer_bytes_per_param / hw.memory_bandwidth_bytes_per_s, offload
+        # Adam's own traffic plus the wrapper's casts, flattening, norm, unscale and copy back (zero_mechanics)
+        traffic = eff.optimizer_bytes_per_param + wrapper_bytes_per_param(cfg)
+        return partition * traffic / hw.memory_bandwidth_bytes_per_s, offload
     # ZeRO-Offload: gradients down and updated 16-bit parameters up over PCIe, Adam on the node's CPU
     # shared by its GPUs (Ren et al. 2021, sec. 4).
     transfers = partition * (g + p) / hw.host_to_device_bandwidth_bytes_per_s
@@ -264,10 +283,19 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     return 0.0, offload + transfers + host_adam
 
 
-def _micro_step_overhead_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
-    """Fixed costs per micro-step; ZeRO-3's scale with the parameter tensors it fetches in forward and backward."""
-    tensors = job.model.num_tensors if cfg.zero.stage == 3 else 0
-    return eff.micro_step_overhead_s + 2 * tensors * eff.zero3_tensor_overhead_s
+def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
+    """(per micro-step, per step) fixed seconds: the calibrated catch-alls plus DeepSpeed's runtime overheads
+    (hooks, per-tensor bookkeeping, collective launches; zero_mechanics.runtime_overhead_s) and the device
+    copies of gradients into and out of the reduction buffers (zero_mechanics.grad_reduction), memory-bound."""
+    n_dp = cfg.dp_size(job.cluster.world_size)
+    micro, step = runtime_overhead_s(job.model, cfg, n_dp, eff)
+    red = grad_reduction(job.model, cfg)
+    copies_s = red.copy_bytes / job.cluster.hardware.memory_bandwidth_bytes_per_s
+    if cfg.zero.stage >= 2:
+        micro += copies_s
+    elif cfg.zero.stage == 1 or n_dp > 1:  # stage 0 flattens only when there is something to all-reduce
+        step += copies_s
+    return eff.micro_step_overhead_s + micro, eff.step_overhead_s + step
 
 
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
@@ -278,13 +306,14 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     fwd, bwd, rec, model_flops = compute_times(job, cfg, eff, micro_batch)
     exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec, gas)
     optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff, gas)
+    per_micro_s, per_step_s = _overheads_s(job, cfg, eff)
     # 1F1B fills and drains the pipe: pp - 1 micro-steps of idle per step (Narayanan et al. 2021, sec. 2.2).
     bubble = (cfg.pp_size - 1) * (fwd + bwd + rec)
     breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
                  "optimizer_step": optimizer_s, "offload": offload_s,
-                 "overhead": eff.step_overhead_s + gas * _micro_step_overhead_s(job, cfg, eff)}
+                 "overhead": per_step_s + gas * per_micro_s}
     return breakdown, comm_total, gas * model_flops
 
 

@@ -5,7 +5,9 @@ zerotune differs from them on purpose in three places, each asserted here:
   only the model-state terms are compared;
 - for ZeRO-3 it also counts the 16-bit gradient partition (stage3.py grad_partitions_flat_buffer) that
   the estimator's 18 bytes per partitioned parameter do not show, and it charges the gathered working
-  set (largest module + prefetch bucket) instead of a flat 4 bytes x largest layer;
+  set (what stage3_max_reuse_distance keeps gathered between a module's forward and its backward, at least
+  the largest module + prefetch bucket; zero_mechanics.zero3_working_set_elems) instead of a flat 4 bytes x
+  largest layer;
 - host memory for offload is the steady state (16 bytes per partitioned parameter), not the estimator's
   load-time bound with its 1.5x buffer factor.
 """
@@ -20,6 +22,7 @@ import pytest
 from predictor import DSConfig, ZeroConfig, estimate_memory
 from predictor.dsconfig import OffloadConfig
 from predictor.memory import model_states
+from predictor.zero_mechanics import zero3_working_set_elems
 from tests.conftest import make_job
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -65,10 +68,11 @@ def test_zero3_within_stated_margin_of_deepspeed_estimator(model: str, nodes: in
     est = estimate_memory(job, cfg)
     ours = _state_total(job, cfg) + est.breakdown_bytes["zero3_gathered"]
     partitioned = m.num_params / (nodes * gpus)
-    prefetch = 2 * cfg.zero.stage3_prefetch_bucket_size_elems
-    # The gap is the 16-bit gradient partition plus the prefetch bucket in flight; what is left (small
-    # tensors kept whole by stage3_param_persistence_threshold) stays under 1% of the estimate.
-    assert ours - 2 * partitioned - prefetch == pytest.approx(ds_gpu, rel=0.01)
+    beyond_largest = 2 * (zero3_working_set_elems(m, cfg) - largest)
+    # The gap is the 16-bit gradient partition plus the gathered parameters beyond the largest module (kept
+    # by the reuse distance or in flight by prefetch); what is left (small tensors kept whole by
+    # stage3_param_persistence_threshold) stays under 1% of the estimate.
+    assert ours - 2 * partitioned - beyond_largest == pytest.approx(ds_gpu, rel=0.01)
 
 
 def _torch_mirror(model_name: str):
@@ -108,6 +112,9 @@ def test_all_live_estimators_on_a_gpt2_sized_module(capsys) -> None:
     printed = capsys.readouterr().out
     cfg3 = DSConfig(precision="fp16", zero=ZeroConfig(stage=3))
     gathered = estimate_memory(job, cfg3).breakdown_bytes["zero3_gathered"]
-    ours3 = _state_total(job, cfg3) + gathered - 2 * job.model.num_params / 4 - 2 * cfg3.zero.stage3_prefetch_bucket_size_elems
+    m = job.model
+    largest = max([m.num_layer_params] + [t.num_elems for t in m.embedding_tensors() + m.head_tensors()])
+    beyond_largest = 2 * (zero3_working_set_elems(m, cfg3) - largest)
+    ours3 = _state_total(job, cfg3) + gathered - 2 * m.num_params / 4 - beyond_largest
     ds3 = _printed_gpu_gib(printed, "offload_param=none, offload_optimizer=none, zero_init=1")
     assert ours3 / 2**30 == pytest.approx(ds3, abs=0.006 + 0.01 * ds3)

@@ -18,8 +18,9 @@ from tests.conftest import make_job
 
 MEASURED = {1: (3, 87.3017), 2: (3, 77.8338), 0: (2, 59.0229)}
 """stage: (micro-batch, samples/s)"""
-DEEPSPEED_COSTS = ("ZeRO-0's fp16 optimizer and ZeRO-1/2/3's per-stage costs (gradient copies, reduce calls, "
-                   "ZeRO-3 hooks and per-tensor gathers) are the DeepSpeed-costs model's, built beside this one")
+ZERO2_GAP = ("at accumulation 1 ZeRO-1 and ZeRO-2 issue the same reductions and the same per-tensor gradient "
+             "bookkeeping (ZeRO-1 at the step boundary, ZeRO-2 in backward), so they are predicted equal; the "
+             "measured 11% gap is not explained by a mechanism yet")
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +39,21 @@ def test_zero_1_and_2_within_25_percent(job, stage: int) -> None:
     assert _throughput(job, stage) == pytest.approx(MEASURED[stage][1], rel=0.25)
 
 
-@pytest.mark.xfail(strict=False, reason=DEEPSPEED_COSTS)
 def test_zero_0_within_25_percent(job) -> None:
     assert _throughput(job, 0) == pytest.approx(MEASURED[0][1], rel=0.25)
 
 
-@pytest.mark.xfail(strict=False, reason=DEEPSPEED_COSTS)
+def test_zero_0_is_predicted_slowest_of_the_three(job) -> None:
+    # FP16_Optimizer without ZeRO: the whole model's fp32 step on every rank, a per-tensor overflow check and an
+    # unoverlapped all-reduce (predictor/zero_mechanics.py) against ZeRO-1/2's partitioned step.
+    assert _throughput(job, 0) < min(_throughput(job, 1), _throughput(job, 2))
+
+
+@pytest.mark.xfail(strict=True, reason=ZERO2_GAP)
 def test_measured_order_zero1_zero2_zero0(job) -> None:
     assert _throughput(job, 1) > _throughput(job, 2) > _throughput(job, 0)
 
 
-@pytest.mark.xfail(strict=False, reason=DEEPSPEED_COSTS)
 def test_no_zero3_configuration_ranks_above_the_measured_ones(job) -> None:
     space = space_from_ds_config({"fp16": {"enabled": True}}, world_size=16, hidden_size=job.model.hidden_size)
     ranking = rank(job, space, top=None)

@@ -378,6 +378,16 @@ class _RowScore:
     metric_skips: tuple[Skip, ...]
 
 
+def framework_efficiency(row: dict[str, Any], eff: Efficiency) -> Efficiency:
+    """The runtime a row ran under. PyTorch FSDP shards like ZeRO-3 but gathers one flat parameter per wrapped
+    block in C++ (torch/distributed/fsdp/_flat_param.py), with none of DeepSpeed's per-module Python hooks,
+    per-tensor fetches or per-tensor gradient hooks (predictor/zero_mechanics.py), so those costs are not
+    charged to FSDP rows."""
+    if "fsdp" not in str(row.get("framework") or "").lower():
+        return eff
+    return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, grad_hook_s=0.0)
+
+
 def _score_row(row_id: str, row: dict[str, Any], eff: Efficiency) -> tuple[Case | None, _RowScore] | Skip:
     """Everything one row can be scored on, or why nothing can."""
     if "max_model_params" in row["metrics"]:
@@ -387,7 +397,7 @@ def _score_row(row_id: str, row: dict[str, Any], eff: Efficiency) -> tuple[Case 
     if isinstance(case, Skip):
         return case
     try:
-        est = estimate(case.job, case.config, eff)
+        est = estimate(case.job, case.config, framework_efficiency(row, eff))
     except ValueError as exc:
         return Skip(row_id, str(exc))
     ran = bool(set(row["metrics"]) & RUN_METRICS)

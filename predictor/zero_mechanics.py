@@ -1,0 +1,247 @@
+"""What DeepSpeed 0.19's runtime does for one configuration, counted from the model's tensors.
+
+One place for the mechanics that memory.py and step_time.py both depend on: which optimizer wrapper the
+engine picks, the hooks ZeRO-3 fires per submodule, the parameter tensors it gathers and releases, the
+collectives each stage actually issues, the gradient copies on the way, the transient fp32 gradients of
+the optimizer step and the host seconds all this costs. Line numbers are deepspeed 0.19.8 (deepspeed/runtime/).
+
+ZeRO-3 in one paragraph: every submodule gets pre/post forward hooks and two autograd Functions that fire
+its pre/post backward hooks (zero/parameter_offload.py:337-528). The pre hooks fetch the module's own
+parameters (zero/partitioned_param_coordinator.py:310-490): one all_gather_coalesced call for those not
+yet gathered (one flat all-gather per dtype, zero/partition_parameters.py:1540-1602), then a prefetch call
+for the next parameters of the recorded trace, up to stage3_prefetch_bucket_size elements; tensors of at
+most stage3_param_persistence_threshold elements are gathered once and never released
+(parameter_offload.py:317-335, coordinator:638-640). The post hooks release a module's parameters unless
+the trace uses them again within stage3_max_reuse_distance elements (coordinator:634-664); the trace runs
+on into backward, so with the default 1e9 a model under ~5e8 parameters is never released in forward nor
+gathered again in backward. Each parameter's gradient hook copies it into the IPG bucket
+(zero/stage3.py:1569-1644) and each full bucket is reduce-scattered (stage3.py:1648-1695, 1912-1946).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from predictor.dsconfig import DSConfig
+from predictor.job import Efficiency
+from predictor.model import ModelSpec, Tensor
+
+__all__ = ["OptimizerWrapper", "ReduceKind", "Zero3Trace", "GradReduction", "optimizer_wrapper", "zero3_trace",
+           "grad_reduction", "grad_bytes_per_param", "transient_fp32_grad_bytes_per_param", "wrapper_bytes_per_param",
+           "zero3_working_set_elems", "runtime_overhead_s", "STAGE0_ALLREDUCE_BUCKET_ELEMS"]
+
+OptimizerWrapper = Literal["zero", "fp16", "bf16", "none"]
+"""DeepSpeed's optimizer wrapper: ZeRO (stage_1_and_2.py / stage3.py), FP16_Optimizer (also for bf16 without
+ZeRO: DDP_BFLOAT16), BF16_Optimizer, or the bare torch optimizer (fp32 without ZeRO)."""
+ReduceKind = Literal["all_reduce", "reduce_scatter"]
+
+# engine.allreduce_gradients() flattens stage-0 gradients in buckets of MEMORY_OPT_ALLREDUCE_SIZE = 5e8
+# elements (runtime/constants.py).
+STAGE0_ALLREDUCE_BUCKET_ELEMS = 500_000_000
+FP32_BYTES = 4
+_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def optimizer_wrapper(cfg: DSConfig) -> OptimizerWrapper:
+    """engine.py:2294-2325 (_do_optimizer_sanity_check): ZeRO wraps everything except stage 1 with bf16
+    parameters and fp32 gradient accumulation (BF16_Optimizer); without ZeRO, 16-bit models get FP16_Optimizer
+    (bf16 included, DDP_BFLOAT16) unless bf16 runs under pipeline parallelism (BF16_Optimizer)."""
+    z, prec = cfg.zero, cfg.precision
+    if z.stage >= 1:
+        bf16_fp32_accum = prec == "bf16" and cfg.grad_precision == "fp32"
+        if z.stage == 1 and bf16_fp32_accum and z.offload_optimizer.device == "none":
+            return "bf16"
+        return "zero"
+    if prec == "fp32":
+        return "none"
+    return "bf16" if prec == "bf16" and cfg.pp_size > 1 else "fp16"
+
+
+def grad_bytes_per_param(cfg: DSConfig) -> float:
+    """Bytes of gradient kept per parameter (before partitioning): the .grad in the gradient dtype, and under
+    BF16_Optimizer also its fp32 accumulation buffer of the whole model (bf16_optimizer.py:191), which
+    update_hp_grads adds each micro-step's bf16 gradients into (bf16_optimizer.py:532-560)."""
+    if optimizer_wrapper(cfg) == "bf16":
+        return _BYTES[cfg.precision] + FP32_BYTES
+    return _BYTES[cfg.grad_precision]
+
+
+def transient_fp32_grad_bytes_per_param(cfg: DSConfig) -> float:
+    """fp32 gradient bytes alive at the optimizer step per parameter it updates (of the partition under ZeRO).
+
+    FP16_Optimizer.step (fp16/fused_optimizer.py:282-291) builds the list of every .grad cast to fp32 and then
+    flattens it: both exist at once, 8 bytes per parameter, not 4. ZeRO 1-3 cast the flat gradient partition to
+    fp32 (stage_1_and_2.py:3107-3119, stage3.py:2683-2690): 4 bytes (the 16-bit flat partition is the
+    pre-flattened bucket wherever DeepSpeed kept one, and the 4 is what estimate_zero2_model_states_mem_needs
+    counts). BF16_Optimizer steps on the fp32 buffer it keeps anyway (grad_bytes_per_param); fp32 without ZeRO
+    steps on .grad itself."""
+    wrapper = optimizer_wrapper(cfg)
+    if wrapper == "fp16":
+        return 2 * FP32_BYTES
+    if wrapper == "zero":
+        return FP32_BYTES
+    return 0.0
+
+
+def wrapper_bytes_per_param(cfg: DSConfig) -> float:
+    """Memory traffic of the optimizer wrapper per parameter it updates, on top of the Adam update itself.
+
+    FP16_Optimizer: cast to fp32 (read 2, write 4), flatten (4 + 4), norm (4), unscale (4 + 4), copy the fp32
+    master back into the 16-bit parameters (4 + 2); ZeRO 1-3: flatten the 16-bit partition (2 + 2), cast (2 + 4),
+    norm, unscale and copy back as above; BF16_Optimizer: add the bf16 grads into fp32 (2 + 4 + 4), norm,
+    unscale, copy back."""
+    wrapper = optimizer_wrapper(cfg)
+    common = 4 + 8 + 6  # norm, unscale, copy back to the 16-bit parameters
+    if wrapper == "fp16":
+        return 6 + 8 + common
+    if wrapper == "zero":
+        return (4 + 6 if cfg.precision != "fp32" else 0) + common
+    if wrapper == "bf16":
+        return 10 + common
+    return 0.0
+
+
+def _module_of(t: Tensor) -> str:
+    """The submodule that owns a tensor: its name less a trailing .weight / .bias (embeddings are named alone)."""
+    head, _, last = t.name.rpartition(".")
+    return head if last in ("weight", "bias") else t.name
+
+
+@dataclass(frozen=True)
+class Zero3Trace:
+    """ZeRO-3's work in one micro-step (forward + backward), per data-parallel rank, before tensor parallelism."""
+
+    num_hooked_modules: int
+    """Submodules whose hooks fire in forward and again in backward: every module owning parameters, one per
+    transformer block, and the root (the built-in workload's module tree; parameter-less Hugging Face
+    submodules such as dropouts fire cheaper hooks too and are left out)."""
+    num_fetched_tensors_forward: int
+    """Tensors above the persistence threshold, gathered in forward and released when done with."""
+    num_fetched_tensors_backward: int
+    """Those released in forward (their next use lies beyond stage3_max_reuse_distance) and gathered again."""
+    num_gather_calls_forward: int
+    """all_gather_coalesced calls: one per module owning a fetched tensor (its own fetch or the prefetch that
+    an earlier module's hook issued for it; coordinator:376-381, 451-485)."""
+    num_gather_calls_backward: int
+    fetched_elems_forward: float
+    fetched_elems_backward: float
+    kept_elems: float
+    """Elements still gathered when forward turns into backward (not released: reused within the distance)."""
+    persistent_elems: float
+    num_grad_tensors: int
+    largest_module_elems: float
+
+
+@lru_cache(maxsize=512)
+def _trace(model: ModelSpec, persistence_threshold: int, max_reuse_distance: int) -> Zero3Trace:
+    tensors = model.tensors()
+    modules: dict[str, list[Tensor]] = {}
+    for t in tensors:
+        modules.setdefault(_module_of(t), []).append(t)
+    sizes = [sum(t.num_elems for t in m) for m in modules.values()]
+    # A module is released in forward when the trace from it to its backward use (the rest of forward and the
+    # start of backward: about twice the parameters after it) reaches the reuse distance.
+    after, released_elems, released_tensors, released_modules, fetch_modules = float(sum(sizes)), 0.0, 0, 0, 0
+    for m, size in zip(modules.values(), sizes):
+        big = [t.num_elems for t in m if t.num_elems > persistence_threshold]
+        after -= size
+        fetch_modules += bool(big)
+        if big and 2 * after >= max_reuse_distance:
+            released_elems += sum(big)
+            released_tensors += len(big)
+            released_modules += 1
+    fetched = [t.num_elems for t in tensors if t.num_elems > persistence_threshold]
+    return Zero3Trace(
+        num_hooked_modules=len(modules) + model.num_layers + 1,
+        num_fetched_tensors_forward=len(fetched), num_fetched_tensors_backward=released_tensors,
+        num_gather_calls_forward=fetch_modules, num_gather_calls_backward=released_modules,
+        fetched_elems_forward=float(sum(fetched)), fetched_elems_backward=released_elems,
+        kept_elems=float(sum(fetched)) - released_elems,
+        persistent_elems=float(sum(t.num_elems for t in tensors if t.num_elems <= persistence_threshold)),
+        num_grad_tensors=len(tensors), largest_module_elems=float(max(max(sizes), model.num_layer_params)))
+
+
+def zero3_trace(model: ModelSpec, cfg: DSConfig) -> Zero3Trace:
+    """The ZeRO-3 trace of `model` under `cfg`'s persistence threshold and reuse distance."""
+    z = cfg.zero
+    return _trace(model, z.stage3_param_persistence_threshold_elems, z.stage3_max_reuse_distance_elems)
+
+
+def zero3_working_set_elems(model: ModelSpec, cfg: DSConfig) -> float:
+    """Gathered parameter elements at ZeRO-3's peak (the forward / backward turn): what the reuse distance kept,
+    or at least the module computing plus the prefetch in flight (capped by stage3_max_live_parameters)."""
+    trace, z = zero3_trace(model, cfg), cfg.zero
+    live = min(z.stage3_max_live_parameters_elems, trace.largest_module_elems + z.stage3_prefetch_bucket_size_elems)
+    return max(trace.kept_elems, live)
+
+
+@dataclass(frozen=True)
+class GradReduction:
+    """The collectives that average gradients, as DeepSpeed issues them."""
+
+    kind: ReduceKind
+    num_calls: int
+    """Collectives per reduction (per micro-step for stages 2-3, per step otherwise)."""
+    copy_bytes: float
+    """Device bytes moved (read + write) per reduction copying gradients into and out of the flat buffers."""
+    num_grad_tensors: int
+    """Tensors that pass through the gradient hook / IPG bucket path per reduction (0 for stage 0)."""
+
+
+def grad_reduction(model: ModelSpec, cfg: DSConfig) -> GradReduction:
+    """Stage 0: engine.allreduce_gradients flattens in 5e8-element buckets, all-reduces and copies back.
+    Stages 1-2 copy every gradient into the IPG bucket (stage_1_and_2.py reduce_independent_p_g_buckets_and_
+    remove_grads) and average each bucket with an ALL-REDUCE even with reduce_scatter: true, because
+    use_multi_rank_bucket_allreduce defaults to true (zero/config.py:119; stage_1_and_2.py:1618-1623,
+    1695-1712 -> allreduce_and_scatter:1545-1588, which flattens, all-reduces and copies the rank's slices out).
+    Stage 3 reduce-scatters each bucket after an interleaving copy (comm/coalesced_collectives.py:81-141) and
+    copies the partition out (stage3.py:2006-2051); with reduce_scatter: false it all-reduces the contiguous
+    bucket (stage3.py:1673-1675, 1863-1909)."""
+    z = cfg.zero
+    return _grad_reduction(model, z.stage, z.reduce_bucket_size_elems, z.reduce_scatter, cfg.model_parallel_size,
+                           cfg.grad_precision)
+
+
+@lru_cache(maxsize=4096)
+def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scatter: bool, model_parallel: int,
+                    grad_precision: str) -> GradReduction:
+    psi, g = model.num_params / model_parallel, _BYTES[grad_precision]
+    if stage == 0:
+        calls = max(1, math.ceil(psi / STAGE0_ALLREDUCE_BUCKET_ELEMS))
+        return GradReduction("all_reduce", calls, 2 * 2 * psi * g, 0)  # flatten and copy back, read + write
+    calls = max(1, math.ceil(psi / max(bucket_elems, 1)))
+    # into the bucket, flatten (stages 1-2) or interleave (stage 3) for the collective, the partition back out
+    copies = 2 * 3 * psi * g
+    kind: ReduceKind = "reduce_scatter" if stage == 3 and reduce_scatter else "all_reduce"
+    return GradReduction(kind, calls, copies, model.num_tensors)
+
+
+def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Efficiency) -> tuple[float, float]:
+    """(per micro-step, per optimizer step) host seconds DeepSpeed's runtime adds to the kernels' time.
+
+    Charged on top of compute, not hidden behind it: the fetch path waits on an event once more than two
+    fetches are in flight (partitioned_param_coordinator.py:400-411), which keeps the host at most a few
+    modules ahead of the device, and the H100 probes step as compute + hooks (Efficiency docstrings)."""
+    share = 1.0 / cfg.pp_size  # a pipeline stage runs the hooks of its own layers
+    z, launch = cfg.zero, eff.collective_launch_s if num_dp > 1 else 0.0
+    red = grad_reduction(model, cfg)
+    reduce_s = red.num_grad_tensors * share * eff.grad_hook_s + red.num_calls * launch
+    per_step = 0.0
+    if optimizer_wrapper(cfg) == "fp16":
+        # FP16_Optimizer.step tests every .grad for inf/nan and branches on it in Python: one device
+        # synchronisation per tensor (runtime/utils.py:291-295 has_overflow_serial, 205 has_inf_or_nan).
+        per_step += model.num_tensors * share * eff.tensor_sync_check_s
+    if z.stage == 3:
+        t = zero3_trace(model, cfg)
+        hooks = 2 * t.num_hooked_modules * eff.zero3_module_hook_s
+        fetches = (t.num_fetched_tensors_forward + t.num_fetched_tensors_backward) * eff.zero3_param_fetch_s
+        gathers = (t.num_gather_calls_forward + t.num_gather_calls_backward) * launch
+        return share * (hooks + fetches) + gathers + reduce_s, per_step
+    if z.stage == 2:
+        return reduce_s, per_step + launch  # + the all-gather of the updated partitions
+    if z.stage == 1:
+        return 0.0, per_step + reduce_s + launch
+    return 0.0, per_step + red.num_calls * launch
