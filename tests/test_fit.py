@@ -7,8 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from calibrate.fit import fit, fit_microbenchmarks, predicted_total_bytes
+from calibrate.fit import MIN_CONFIGURATIONS, collapse_duplicates, fit, predicted_total_bytes
 from calibrate.measurement import Measurement
+from calibrate.params import PARAMS, Param, check_params
+from calibrate.starting import fit_microbenchmarks
 from predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
 from predictor.memory import estimate_memory
 
@@ -157,6 +159,90 @@ def test_fit_rejects_mixed_hardware_and_unknown_parameters() -> None:
         fit([a100], params=("compute_eff",))
     with pytest.raises(ValueError, match="no measurement with status ok"):
         fit([_oom_case(5, "oom")])
+
+
+def test_one_configuration_repeated_is_still_one_and_cannot_be_fitted() -> None:
+    # Issue 16: `calibrate --from` fitted 4 parameters from a single row.
+    with pytest.raises(ValueError, match=f"1 distinct finished configuration\\(s\\) in 5 rows; a fit needs at "
+                                         f"least {MIN_CONFIGURATIONS} .*more probes or rows"):
+        fit([_oom_case(2, "ok")] * 5)
+
+
+def test_naming_more_parameters_than_configurations_is_refused() -> None:
+    data = [_oom_case(2, "ok"), _oom_case(4, "ok")]
+    with pytest.raises(ValueError, match="cannot fit 3 time parameters .* from 2 distinct configurations; measure "
+                                         "more configurations \\(more probes or rows\\)"):
+        fit(data, params=("compute_efficiency_max", "compute_half_size", "micro_step_overhead_s"))
+    # Unnamed, the fit keeps one parameter fewer than configurations, in priority order, and says why.
+    result = fit(data)
+    assert result.fitted_params == ("compute_efficiency_max",)
+    assert "2 distinct configurations support 1 parameter" in result.skipped_params["micro_step_overhead_s"]
+
+
+def _noisy(seed: int) -> list[Measurement]:
+    return _synthetic(TRUE_A100, "a100-40gb", ("gpt2",), 1024, 8, "fp16", noise=0.1, seed=seed)[:6]
+
+
+def test_repeated_rows_are_merged_before_fitting_and_before_the_out_of_sample_error() -> None:
+    # Issue 16: the same 6 rows repeated 334 times cut the out-of-sample error from 30% to 9%, because every
+    # held-out row had its copies in the training folds.
+    rows = _noisy(seed=7)
+    once, repeated = fit(rows), fit(rows * 334)
+    assert len(collapse_duplicates(rows * 334)) == 6 and len(repeated.table) == 6
+    assert repeated.quality.step_time_mape_out_of_sample == pytest.approx(once.quality.step_time_mape_out_of_sample,
+                                                                          rel=1e-9)
+    assert repeated.uncertainty == once.uncertainty and repeated.efficiency == once.efficiency
+    assert any("2004 rows are 6 distinct configurations" in note for note in repeated.notes)
+
+
+def test_repeats_merge_to_the_median_and_a_finished_run_outweighs_an_oom() -> None:
+    a = _oom_case(2, "ok")
+    rows = [dataclasses.replace(a, step_s=s) for s in (1.0, 3.0, 2.0)] + [dataclasses.replace(a, status="oom",
+                                                                                                step_s=None)]
+    [merged] = collapse_duplicates(rows)
+    assert merged.status == "ok" and merged.step_s == 2.0 and "+3 rows of the same configuration" in merged.source
+
+
+def _overheads(gas_values: tuple[int, ...]) -> list[Measurement]:
+    true = dataclasses.replace(TRUE_A100, step_overhead_s=0.2, micro_step_overhead_s=0.03)
+    job = _job("gpt2", "a100-40gb", 1024, 8)
+    out = []
+    for micro_batch in (1, 4, 16):
+        for gas in gas_values:
+            cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=gas,
+                           precision="fp16").replace_zero(stage=1)
+            out.append(Measurement("gpt2", "a100-40gb", 1, 8, 1024, cfg, "ok", step_s=estimate(job, cfg, true).time.step_s,
+                                   source=f"mb{micro_batch} gas{gas}"))
+    return out
+
+
+def test_per_step_and_per_micro_step_overheads_separate_only_when_accumulation_varies() -> None:
+    names = ("compute_efficiency_max", "micro_step_overhead_s", "step_overhead_s")
+    # Every run at accumulation 1: the two overheads are one direction; the later one is not fitted.
+    flat = fit(_overheads((1,)), base=TRUE_A100, params=names)
+    assert "step_overhead_s" not in flat.fitted_params
+    assert "gradient accumulation" in flat.skipped_params["step_overhead_s"]
+    # Accumulation 1 and 4: both come back (planted 0.2 s per step, 0.03 s per micro-step).
+    both = fit(_overheads((1, 4)), base=TRUE_A100, params=names)
+    assert set(both.fitted_params) == set(names)
+    assert both.efficiency.step_overhead_s == pytest.approx(0.2, rel=0.02)
+    assert both.efficiency.micro_step_overhead_s == pytest.approx(0.03, rel=0.02)
+
+
+def test_out_of_sample_error_holds_out_whole_models_when_there_are_several() -> None:
+    two = _synthetic(TRUE_A100, "a100-40gb", ("gpt2", "gpt2-medium"), 1024, 8, "fp16", noise=0.03, seed=1)
+    assert fit(two, params=A100_PARAMS).quality.held_out_by == "model"
+    assert fit(two, params=A100_PARAMS).quality.num_folds == 2
+    one = fit(two[:16], params=A100_PARAMS).quality
+    assert one.held_out_by == "configuration" and one.num_folds == 10  # 16 configurations dealt into 10 folds
+
+
+def test_every_declared_parameter_is_an_efficiency_field_and_a_wrong_one_is_named() -> None:
+    check_params()  # the shipped declaration
+    assert len({p.name for p in PARAMS}) == len(PARAMS)
+    with pytest.raises(ValueError, match="declares 'gemm_efficiency', which is not a field of "
+                                         "predictor.job.Efficiency; fix or remove that line"):
+        check_params([*PARAMS, Param("gemm_efficiency", "matmul shapes", 0.1, 1.0, "log")])
 
 
 def test_fit_microbenchmarks_maps_matmuls_collectives_and_memory_bandwidth() -> None:

@@ -1,0 +1,91 @@
+"""The Efficiency parameters a calibration may fit: one declaration per parameter, in priority order.
+
+Each entry names a field of predictor.job.Efficiency, says what the measured configurations must vary for
+the fit to tell it apart from the others (shown when it cannot), its physical bounds and how it is fitted.
+Adding or removing a fitted parameter is one line here; `check_params` fails with the field named when a
+declared name is not (or no longer) a field of Efficiency.
+
+Order is priority: when the measurements cannot separate every parameter (fewer distinct configurations than
+parameters, or two parameters that move every prediction alike), calibrate.fit keeps the earlier ones.
+The leading ones are those every step has (compute rate, fixed costs); the later ones need runs that
+exercise them (ZeRO-3, several nodes, offload, memory figures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from predictor import Efficiency
+
+__all__ = ["Param", "PARAMS", "PARAMS_BY_NAME", "check_params", "to_internal", "from_internal"]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    """A field of predictor.job.Efficiency."""
+    varied_by: str
+    """What the measured configurations must vary for the fit to inform this parameter (said when they don't)."""
+    lower: float
+    upper: float
+    transform: Literal["log", "linear"]
+    """log: positive and scale-free, fitted as log(value); linear: fitted as value / scale."""
+    scale: float = 1.0
+    """Linear parameters are fitted as value / scale, so every internal coordinate is of order one."""
+    target: Literal["time", "memory"] = "time"
+    """Which prediction it moves: step time or peak memory (the two are fitted apart)."""
+
+
+# Bounds are physical limits, not guesses of the answer: efficiencies in (0, 1] (bandwidth up to 1.5x the
+# catalog in case its datasheet figure is conservative), latencies 0.1 us - 10 ms, Adam traffic between the
+# 16 B it must read and ~10x the 30 B it does (Efficiency docstring), overheads 0 - 60 s.
+PARAMS: tuple[Param, ...] = (
+    Param("compute_efficiency_max", "any finished run", 1e-3, 1.0, "log"),
+    Param("micro_step_overhead_s", "the work per micro-step (micro-batch, sequence length or model width)",
+          0.0, 60.0, "linear", 0.1),
+    Param("step_overhead_s", "gradient accumulation steps (per-step against per-micro-step costs)",
+          0.0, 60.0, "linear", 0.1),
+    Param("compute_half_size", "the problem size (micro-batch x sequence x width) over a wide range",
+          1.0, 1e12, "log"),
+    Param("zero3_tensor_overhead_s", "ZeRO stage 3 against a lower stage", 0.0, 0.1, "linear", 1e-3),
+    Param("intra_node_bandwidth_efficiency", "communication volume within a node (ZeRO stage, model size)",
+          1e-3, 1.5, "log"),
+    Param("optimizer_bytes_per_param", "the optimizer's share of a step (ZeRO stage, gradient accumulation)",
+          16.0, 300.0, "log"),
+    Param("intra_node_latency_s", "the number of collective calls (bucket sizes, ZeRO stage)", 1e-7, 1e-2, "log"),
+    Param("overlap_efficiency", "overlap_comm on and off", 0.0, 1.0, "linear"),
+    Param("fp32_compute_scale", "precision (fp32 against another)", 1e-3, 10.0, "log"),
+    Param("fp16_compute_scale", "precision (fp16 against another)", 1e-3, 10.0, "log"),
+    Param("bf16_compute_scale", "precision (bf16 against another)", 1e-3, 10.0, "log"),
+    Param("inter_node_bandwidth_efficiency", "runs on several nodes", 1e-3, 1.5, "log"),
+    Param("inter_node_latency_s", "runs on several nodes with different numbers of calls", 1e-7, 1e-2, "log"),
+    Param("host_optimizer_params_per_s", "optimizer offload to the CPU", 1e6, 1e11, "log"),
+    Param("allocator_slack_fraction", "peak memory measured at several sizes", 0.0, 1.0, "linear",
+          target="memory"),
+    Param("runtime_reserved_bytes", "peak memory measured, or an out-of-memory run", 0.0, 64 * 2**30, "linear",
+          2**30, target="memory"),
+)
+PARAMS_BY_NAME = {p.name: p for p in PARAMS}
+
+
+def check_params(params: Sequence[Param] = PARAMS) -> None:
+    """Every declared name must be an Efficiency field holding a number (or None: take the catalog's figure)."""
+    fields = {f.name for f in dataclasses.fields(Efficiency)}
+    for p in params:
+        if p.name not in fields:
+            raise ValueError(f"calibrate/params.py declares {p.name!r}, which is not a field of "
+                             f"predictor.job.Efficiency; fix or remove that line (fields: {', '.join(sorted(fields))})")
+        if not p.lower < p.upper or (p.transform == "log" and p.lower <= 0):
+            raise ValueError(f"calibrate/params.py: {p.name} bounds [{p.lower}, {p.upper}] are not a "
+                             f"{'positive ' if p.transform == 'log' else ''}interval")
+
+
+def to_internal(p: Param, value: float) -> float:
+    return math.log(value) if p.transform == "log" else value / p.scale
+
+
+def from_internal(p: Param, x: float) -> float:
+    return math.exp(x) if p.transform == "log" else x * p.scale
