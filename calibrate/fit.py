@@ -246,14 +246,13 @@ def _separable(jacobian: np.ndarray, names: list[str], cap: int, num_configs: in
     for i, name in enumerate(names):
         column, varied_by = jacobian[:, i], PARAMS_BY_NAME[name].varied_by
         if column.size == 0 or np.max(np.abs(column)) < _SENSITIVITY_MIN:
-            skipped[name] = f"no measurement is sensitive to it; measure runs that vary {varied_by}"
+            skipped[name] = f"no measurement is sensitive to it; it needs {varied_by}"
             continue
         rest = column.copy()
         for q in basis:
             rest -= (q @ rest) * q
         if np.linalg.norm(rest) < _SEPARABLE_MIN * np.linalg.norm(column):
-            skipped[name] = (f"moves every prediction as {', '.join(kept)} do; measure runs that vary "
-                             f"{varied_by}")
+            skipped[name] = f"moves every prediction as {', '.join(kept)} do; telling them apart needs {varied_by}"
         elif len(kept) >= cap:
             skipped[name] = (f"{num_configs} distinct configurations support {cap} parameter(s); measure more "
                              f"configurations")

@@ -28,7 +28,7 @@ class Param:
     name: str
     """A field of predictor.job.Efficiency."""
     varied_by: str
-    """What the measured configurations must vary for the fit to inform this parameter (said when they don't)."""
+    """What measurements the fit needs to inform this parameter, said when it cannot ("... needs <varied_by>")."""
     lower: float
     upper: float
     transform: Literal["log", "linear"]
@@ -44,29 +44,22 @@ class Param:
 # 16 B it must read and ~10x the 30 B it does (Efficiency docstring), overheads 0 - 60 s.
 PARAMS: tuple[Param, ...] = (
     Param("compute_efficiency_max", "any finished run", 1e-3, 1.0, "log"),
-    Param("micro_step_overhead_s", "the work per micro-step (micro-batch, sequence length or model width)",
-          0.0, 60.0, "linear", 0.1),
-    Param("step_overhead_s", "gradient accumulation steps (per-step against per-micro-step costs)",
-          0.0, 60.0, "linear", 0.1),
-    Param("compute_half_size", "the problem size (micro-batch x sequence x width) over a wide range",
-          1.0, 1e12, "log"),
-    Param("zero3_tensor_overhead_s", "ZeRO stage 3 against a lower stage", 0.0, 0.1, "linear", 1e-3),
-    Param("intra_node_bandwidth_efficiency", "communication volume within a node (ZeRO stage, model size)",
-          1e-3, 1.5, "log"),
-    Param("optimizer_bytes_per_param", "the optimizer's share of a step (ZeRO stage, gradient accumulation)",
-          16.0, 300.0, "log"),
-    Param("intra_node_latency_s", "the number of collective calls (bucket sizes, ZeRO stage)", 1e-7, 1e-2, "log"),
-    Param("overlap_efficiency", "overlap_comm on and off", 0.0, 1.0, "linear"),
-    Param("fp32_compute_scale", "precision (fp32 against another)", 1e-3, 10.0, "log"),
-    Param("fp16_compute_scale", "precision (fp16 against another)", 1e-3, 10.0, "log"),
-    Param("bf16_compute_scale", "precision (bf16 against another)", 1e-3, 10.0, "log"),
+    Param("micro_step_overhead_s", "runs differing in micro-batch, sequence or width", 0.0, 60.0, "linear", 0.1),
+    Param("step_overhead_s", "runs differing in gradient accumulation steps", 0.0, 60.0, "linear", 0.1),
+    Param("compute_half_size", "runs over a wide range of micro-batch x sequence x width", 1.0, 1e12, "log"),
+    Param("zero3_tensor_overhead_s", "a ZeRO-3 run beside a lower stage", 0.0, 0.1, "linear", 1e-3),
+    Param("intra_node_bandwidth_efficiency", "runs on several GPUs differing in communication", 1e-3, 1.5, "log"),
+    Param("optimizer_bytes_per_param", "runs differing in the optimizer's share of a step", 16.0, 300.0, "log"),
+    Param("intra_node_latency_s", "runs differing in the number of collective calls", 1e-7, 1e-2, "log"),
+    Param("overlap_efficiency", "runs with overlap_comm on and off", 0.0, 1.0, "linear"),
+    Param("fp32_compute_scale", "runs in fp32 and in another precision", 1e-3, 10.0, "log"),
+    Param("fp16_compute_scale", "runs in fp16 and in another precision", 1e-3, 10.0, "log"),
+    Param("bf16_compute_scale", "runs in bf16 and in another precision", 1e-3, 10.0, "log"),
     Param("inter_node_bandwidth_efficiency", "runs on several nodes", 1e-3, 1.5, "log"),
-    Param("inter_node_latency_s", "runs on several nodes with different numbers of calls", 1e-7, 1e-2, "log"),
-    Param("host_optimizer_params_per_s", "optimizer offload to the CPU", 1e6, 1e11, "log"),
-    Param("allocator_slack_fraction", "peak memory measured at several sizes", 0.0, 1.0, "linear",
-          target="memory"),
-    Param("runtime_reserved_bytes", "peak memory measured, or an out-of-memory run", 0.0, 64 * 2**30, "linear",
-          2**30, target="memory"),
+    Param("inter_node_latency_s", "runs on several nodes differing in collective calls", 1e-7, 1e-2, "log"),
+    Param("host_optimizer_params_per_s", "runs with the optimizer offloaded to the CPU", 1e6, 1e11, "log"),
+    Param("allocator_slack_fraction", "peak memory measured at several sizes", 0.0, 1.0, "linear", target="memory"),
+    Param("runtime_reserved_bytes", "a measured peak memory or an OOM run", 0.0, 64 * 2**30, "linear", 2**30, "memory"),
 )
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
 

@@ -211,8 +211,8 @@ def _overheads(gas_values: tuple[int, ...]) -> list[Measurement]:
         for gas in gas_values:
             cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=gas,
                            precision="fp16").replace_zero(stage=1)
-            out.append(Measurement("gpt2", "a100-40gb", 1, 8, 1024, cfg, "ok", step_s=estimate(job, cfg, true).time.step_s,
-                                   source=f"mb{micro_batch} gas{gas}"))
+            step = estimate(job, cfg, true).time.step_s
+            out.append(Measurement("gpt2", "a100-40gb", 1, 8, 1024, cfg, "ok", step_s=step, source=f"mb{micro_batch} gas{gas}"))
     return out
 
 
