@@ -52,11 +52,15 @@ class Row:
     """The row's model name as published."""
     case: Case
     step_s: float
+    quality: str
+    """The row's value_quality: what kind of figure it is (e.g. DeepSpeed's autotuner metric or end-to-end)."""
 
 
 @dataclass(frozen=True)
 class FewShot:
     data: str
+    quality: str
+    """The one kind of figure fitted and tested (value_quality): timer sums and end-to-end runs never mix."""
     fit_model: str
     fit_rows: tuple[str, ...]
     test_models: tuple[str, ...]
@@ -95,7 +99,7 @@ def published_rows(path: Path) -> list[Row]:
             continue
         step = _step_s(row, case)
         if step:
-            out.append(Row(row_id, str(row["model"]["name"]), case, step))
+            out.append(Row(row_id, str(row["model"]["name"]), case, step, str(row["value_quality"])))
     return out
 
 
@@ -157,11 +161,22 @@ def _spread(rows: list[Row], count: int) -> list[Row]:
     return [rows[round(i * (len(rows) - 1) / max(count - 1, 1))] for i in range(count)]
 
 
+def _same_kind(rows: list[Row], fit_key: str) -> list[Row]:
+    """The rows of the kind of figure (value_quality) the fit model has most of: a table may hold timer sums
+    and end-to-end throughput side by side, and a profile fitted on one does not predict the other."""
+    kinds = [r.quality for r in rows if _key(r.model) == fit_key]
+    if not kinds:
+        return []
+    kind = max(dict.fromkeys(kinds), key=kinds.count)
+    return [r for r in rows if r.quality == kind]
+
+
 def fewshot(path: Path, fit_model: str | None = None, num_rows: int = 3) -> FewShot:
     """Calibrate on `num_rows` rows of `fit_model` (spread over its rows), score every other model's rows."""
     rows = published_rows(path)
     models = list(dict.fromkeys(r.model for r in rows))
     wanted = _key(fit_model or DEFAULT_FIT_MODEL.get(path.name) or (models[0] if models else ""))
+    rows = _same_kind(rows, wanted)
     fit_pool = [r for r in rows if _key(r.model) == wanted]
     test = [r for r in rows if _key(r.model) != wanted]
     if not fit_pool or not test:
@@ -172,8 +187,8 @@ def fewshot(path: Path, fit_model: str | None = None, num_rows: int = 3) -> FewS
         eff, fitted = _calibrate(fit_rows, Path(tmp))
     before, after = _errors(test, Efficiency()), _errors(test, eff)
     flat = lambda d: [e for errors in d.values() for e in errors]  # noqa: E731
-    return FewShot(path.name, fit_rows[0].model, tuple(r.row_id for r in fit_rows), tuple(after), len(test), fitted,
-                   statistics.fmean(flat(before)), statistics.fmean(flat(after)),
+    return FewShot(path.name, fit_rows[0].quality, fit_rows[0].model, tuple(r.row_id for r in fit_rows), tuple(after),
+                   len(test), fitted, statistics.fmean(flat(before)), statistics.fmean(flat(after)),
                    {m: statistics.fmean(e) for m, e in after.items()},
                    {m: statistics.fmean(e) for m, e in before.items()})
 
@@ -186,7 +201,7 @@ def _default_data() -> Path:
 
 
 def _format(r: FewShot) -> str:
-    lines = [f"data: {r.data}",
+    lines = [f"data: {r.data} (rows of kind: {r.quality[:90]})",
              f"fit:  {r.fit_model}, {len(r.fit_rows)} rows ({', '.join(r.fit_rows)}); fitted: "
              f"{', '.join(r.fitted_params) or 'nothing'}",
              f"test: {len(r.test_models)} other models, {r.num_test_rows} rows",
