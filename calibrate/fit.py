@@ -6,9 +6,9 @@
 2. Identifiability: from the finite-difference Jacobian of the residuals at the start values, parameters are
    taken in priority order (calibrate/params.py) while the data are sensitive to them and they move the
    predictions in a direction the ones already taken do not (Gram-Schmidt; e.g. per-step and per-micro-step
-   overheads are one direction until gradient accumulation varies). At most one parameter fewer than there
-   are distinct configurations is fitted, so the fit never interpolates; asked for named parameters, the fit
-   takes up to one per configuration and refuses more.
+   overheads are one direction until gradient accumulation varies). At most one parameter per
+   CONFIGURATIONS_PER_PARAM distinct configurations is fitted; asked for named parameters, the fit takes up to
+   one per configuration and refuses more.
 3. Bounded robust least squares (scipy.optimize.least_squares, soft_l1 loss so one bad run does not drag the
    fit) of log(predicted / measured) step time for every finished run, log(predicted / measured) peak memory
    where measured, and a hinge log(capacity / predicted) + margin for an OOM predicted to fit (and the
@@ -50,6 +50,10 @@ _SENSITIVITY_MIN = 1e-3
 # A parameter whose Jacobian column is less than this share outside the span of the columns already taken
 # moves predictions as they do: the data cannot tell it from them.
 _SEPARABLE_MIN = 0.05
+# Unnamed, at most one parameter per this many distinct configurations: fitting as many parameters as the
+# data can barely separate lets the weakly determined ones soak up model error (seen: from three rows of one
+# model, a per-micro-step overhead took 0.28 s and wrecked the transfer to the other models).
+CONFIGURATIONS_PER_PARAM = 2
 # Weak pull towards the base value (per internal unit): keeps directions the data barely informs
 # (e.g. latency vs bandwidth on large messages only) where they started instead of wandering.
 _PRIOR_WEIGHT = 0.01
@@ -270,8 +274,10 @@ def _solve(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarra
     def objective(x: np.ndarray) -> np.ndarray:
         return np.concatenate([residuals(cases, _efficiency(base, names, x)), _PRIOR_WEIGHT * (x - x0)])
 
+    # dogbox: an overhead starts at its lower bound 0, where the default trust-region method's scaling
+    # takes near-zero steps and stops at once (seen: no movement from 3 rows 40% off).
     result = least_squares(objective, np.clip(x0, lower, upper), bounds=(lower, upper), loss="soft_l1",
-                           f_scale=0.1, diff_step=1e-3, max_nfev=200 * len(names))
+                           f_scale=0.1, diff_step=1e-3, max_nfev=200 * len(names), method="dogbox")
     return result.x
 
 
@@ -297,7 +303,7 @@ def _fit_cases(cases: list[_Case], base: Efficiency, names: Sequence[str], named
             raise ValueError(f"cannot fit {len(group)} {target} parameters ({', '.join(group)}) from {num} distinct "
                              f"configurations; measure more configurations (more probes or rows) or fit fewer "
                              f"parameters")
-        cap = num if named else max(num - 1, 0)
+        cap = num if named else num // CONFIGURATIONS_PER_PARAM
         x0 = _x0(group, eff, hw)
         kept, why = _separable(_jacobian(cases, eff, group, x0, residuals), group, cap, num)
         skipped.update(why)

@@ -8,7 +8,11 @@ declared name is not (or no longer) a field of Efficiency.
 Order is priority: when the measurements cannot separate every parameter (fewer distinct configurations than
 parameters, or two parameters that move every prediction alike), calibrate.fit keeps the earlier ones.
 The leading ones are those every step has (compute rate, fixed costs); the later ones need runs that
-exercise them (ZeRO-3, several nodes, offload, memory figures).
+exercise them (ZeRO-3, several nodes, offload, memory figures). The compute rate comes first per precision:
+runs in fp16 say how fp16 kernels run (tensor cores), not how fp32 ones do, so a calibration moves the scale
+of the precisions it measured and leaves the others uncalibrated rather than carrying one precision's rate
+to another; the shared compute efficiency is then the same direction and stays at its (microbenchmarked)
+value.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class Param:
 # catalog in case its datasheet figure is conservative), latencies 0.1 us - 10 ms, Adam traffic between the
 # 16 B it must read and ~10x the 30 B it does (Efficiency docstring), overheads 0 - 60 s.
 PARAMS: tuple[Param, ...] = (
+    Param("fp32_compute_scale", "runs in fp32 and in another precision", 1e-3, 10.0, "log"),
+    Param("fp16_compute_scale", "runs in fp16 and in another precision", 1e-3, 10.0, "log"),
+    Param("bf16_compute_scale", "runs in bf16 and in another precision", 1e-3, 10.0, "log"),
     Param("compute_efficiency_max", "any finished run", 1e-3, 1.0, "log"),
     Param("micro_step_overhead_s", "runs differing in micro-batch, sequence or width", 0.0, 60.0, "linear", 0.1),
     Param("step_overhead_s", "runs differing in gradient accumulation steps", 0.0, 60.0, "linear", 0.1),
@@ -52,9 +59,6 @@ PARAMS: tuple[Param, ...] = (
     Param("optimizer_bytes_per_param", "runs differing in the optimizer's share of a step", 16.0, 300.0, "log"),
     Param("intra_node_latency_s", "runs differing in the number of collective calls", 1e-7, 1e-2, "log"),
     Param("overlap_efficiency", "runs with overlap_comm on and off", 0.0, 1.0, "linear"),
-    Param("fp32_compute_scale", "runs in fp32 and in another precision", 1e-3, 10.0, "log"),
-    Param("fp16_compute_scale", "runs in fp16 and in another precision", 1e-3, 10.0, "log"),
-    Param("bf16_compute_scale", "runs in bf16 and in another precision", 1e-3, 10.0, "log"),
     Param("inter_node_bandwidth_efficiency", "runs on several nodes", 1e-3, 1.5, "log"),
     Param("inter_node_latency_s", "runs on several nodes differing in collective calls", 1e-7, 1e-2, "log"),
     Param("host_optimizer_params_per_s", "runs with the optimizer offloaded to the CPU", 1e6, 1e11, "log"),

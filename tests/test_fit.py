@@ -81,7 +81,11 @@ def test_fit_all_parameters_skips_what_single_node_data_cannot_inform() -> None:
                  "allocator_slack_fraction", "runtime_reserved_bytes"):
         assert name in result.skipped_params
         assert getattr(result.efficiency, name) == getattr(Efficiency(), name)
-    assert result.efficiency.compute_efficiency_max == pytest.approx(0.35, rel=0.1)
+    # One precision measured: its scale carries the compute rate (the shared maximum is the same direction).
+    eff = result.efficiency
+    assert eff.fp16_compute_scale * eff.compute_efficiency_max == pytest.approx(0.35, rel=0.1)
+    assert "as fp16_compute_scale do" in result.skipped_params["compute_efficiency_max"]
+    assert eff.fp32_compute_scale == eff.bf16_compute_scale == 1.0  # not measured: not moved
     assert result.quality.step_time_mape_in_sample < 0.04
 
 
@@ -173,9 +177,9 @@ def test_naming_more_parameters_than_configurations_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot fit 3 time parameters .* from 2 distinct configurations; measure "
                                          "more configurations \\(more probes or rows\\)"):
         fit(data, params=("compute_efficiency_max", "compute_half_size", "micro_step_overhead_s"))
-    # Unnamed, the fit keeps one parameter fewer than configurations, in priority order, and says why.
+    # Unnamed, the fit keeps one parameter per two configurations, in priority order, and says why.
     result = fit(data)
-    assert result.fitted_params == ("compute_efficiency_max",)
+    assert result.fitted_params == ("fp16_compute_scale",)  # the measured precision's compute rate
     assert "2 distinct configurations support 1 parameter" in result.skipped_params["micro_step_overhead_s"]
 
 
