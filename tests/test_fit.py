@@ -176,7 +176,7 @@ def test_naming_more_parameters_than_configurations_is_refused() -> None:
     data = [_oom_case(2, "ok"), _oom_case(4, "ok")]
     with pytest.raises(ValueError, match="cannot fit 3 time parameters .* from 2 distinct configurations; measure "
                                          "more configurations \\(more probes or rows\\)"):
-        fit(data, params=("compute_efficiency_max", "compute_half_size", "micro_step_overhead_s"))
+        fit(data, params=("fp16_compute_scale", "micro_step_overhead_s", "step_overhead_s"))
     # Unnamed, the fit keeps one parameter per two configurations, in priority order, and says why.
     result = fit(data)
     assert result.fitted_params == ("fp16_compute_scale",)  # the measured precision's compute rate
@@ -221,7 +221,7 @@ def _overheads(gas_values: tuple[int, ...]) -> list[Measurement]:
 
 
 def test_per_step_and_per_micro_step_overheads_separate_only_when_accumulation_varies() -> None:
-    names = ("compute_efficiency_max", "micro_step_overhead_s", "step_overhead_s")
+    names = ("fp16_compute_scale", "micro_step_overhead_s", "step_overhead_s")
     # Every run at accumulation 1: the two overheads are one direction; the later one is not fitted.
     flat = fit(_overheads((1,)), base=TRUE_A100, params=names)
     assert "step_overhead_s" not in flat.fitted_params
