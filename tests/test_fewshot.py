@@ -11,8 +11,8 @@ from predictor import DSConfig, Efficiency, estimate
 from tests.conftest import make_job
 from validate.fewshot import fewshot, main
 
-PLANTED = Efficiency(fp16_compute_scale=0.6)
-"""The cluster runs fp16 kernels at 0.6x what the uncalibrated model assumes."""
+PLANTED = Efficiency(fp16_compute_scale=0.5)
+"""The cluster runs fp16 kernels at half the rate the uncalibrated model assumes."""
 
 
 def _row(model: str, stage: int, micro_batch: int, quality: str, factor: float = 1.0) -> dict:
@@ -49,7 +49,7 @@ def test_three_rows_of_one_model_calibrate_the_others(published: Path) -> None:
     assert result.quality == "timers"
     # Three rows support one parameter: the measured precision's compute rate, which is what was planted.
     assert result.fitted_params == ("fp16_compute_scale",)
-    assert result.mape_before > 0.2
+    assert result.mape_before > 0.1  # compute is most, not all, of a step
     assert result.mape_after < 0.01
 
 

@@ -10,13 +10,11 @@ import pytest
 from calibrate import probe as probe_module
 from calibrate.launch import RunResult
 from calibrate.measurement import read_jsonl, append_jsonl
-from calibrate.profile import load_profile
 from calibrate.probe import Probe, probe_ds_config, run_probes, select_probes
 from predictor import DSConfig, Efficiency, estimate, parse_ds_config
 from tests.conftest import make_job
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO / "tests" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY = str(FIXTURES / "tiny-gpt.yaml")
 CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
@@ -61,9 +59,9 @@ def test_probes_vary_accumulation_and_sequence_so_the_fit_can_separate_overheads
 
 
 def test_small_model_on_the_cpu_gets_both_ends_of_a_sweep_zero3_accumulation_and_a_shorter_sequence() -> None:
-    # The CPU profile's efficiency (what measure() starts from after microbenchmarks is of this order).
-    eff = load_profile(REPO / "data" / "profiles" / "cpu.json").efficiency
-    probes = select_probes(make_job("zt-gpt-small", "cpu", 1, 2, 128), eff=eff)
+    # Uncalibrated, a CPU step is predicted several times slower than it runs: a looser time limit stands in
+    # for the microbenchmarked starting values measure() selects with.
+    probes = select_probes(make_job("zt-gpt-small", "cpu", 1, 2, 128), max_step_s=60.0)
     first, largest = probes[0], probes[1]
     assert (_stage(first), _micro(first)) == (0, 1)  # the smallest problem anchors the low end
     assert _stage(largest) == 0 and _micro(largest) > 4
