@@ -291,7 +291,8 @@ class _Fitted:
 
 def _fit_cases(cases: list[_Case], base: Efficiency, names: Sequence[str], named: bool, strict: bool) -> _Fitted:
     """Select (see _separable) and solve each group; `named`: the caller chose the parameters, so up to one
-    per configuration may be fitted (else one fewer); `strict`: naming more than that is an error."""
+    per configuration may be fitted (else one per CONFIGURATIONS_PER_PARAM); `strict`: naming more than there
+    are configurations is an error."""
     hw = cases[0].job.cluster.hardware
     eff, fitted, skipped, notes = base, [], {}, []
     for target, residuals, count in _GROUPS:
