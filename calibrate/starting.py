@@ -1,20 +1,19 @@
 """Starting values for calibrate.fit from microbenchmarks (calibrate.microbench's results dict).
 
-Matmuls give the compute curve, collectives each link's bandwidth efficiency and latency, measured memory
+Matmuls give the GEMM efficiency scale, collectives each link's bandwidth efficiency and latency, measured memory
 bandwidth the optimizer's bytes per parameter. The fit then moves these where the probe runs say so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from calibrate.params import PARAMS_BY_NAME
 from predictor import Efficiency, HardwareSpec
+from predictor.ops import device_rates, gemm_s
 
 __all__ = ["fit_microbenchmarks"]
 
@@ -23,25 +22,20 @@ _DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16", "
 
 
 def _compute_curve(matmuls: list[dict[str, Any]], hw: HardwareSpec) -> dict[str, float]:
-    """compute_efficiency_max and compute_half_size from matmul FLOP/s against size.
-
-    The model's curve runs over x = micro-batch tokens x hidden / tp, the output size of a transformer's
-    (tokens x hidden) x (hidden x hidden / tp) projection; a benchmarked (m x k) x (k x n) matmul maps to
-    x = m * n, its output elements. Fitted in log space to efficiency = FLOP/s / the dtype's catalog peak."""
-    points = [(float(r["m"]) * float(r["n"]), float(r["flops_per_s"]) / hw.peak_flops[_DTYPES[str(r["dtype"])]])
-              for r in matmuls
-              if _DTYPES.get(str(r["dtype"])) in hw.peak_flops and float(r.get("flops_per_s", 0)) > 0]
-    if len(points) < 2:
+    """gemm_efficiency_scale from matmul FLOP/s: the median, over the larger half of the benchmarked shapes
+    (the small ones time the host, not the GEMM), of measured / ops.gemm_s's prediction at scale 1."""
+    ratios = []
+    for r in matmuls:
+        precision = _DTYPES.get(str(r["dtype"]))
+        if precision not in hw.matmul_flops or float(r.get("seconds", 0)) <= 0:
+            continue
+        rates = device_rates(hw, precision, Efficiency(gemm_efficiency_scale=1.0, memory_bandwidth_efficiency=1.0))
+        m, n, k = float(r["m"]), float(r["n"]), float(r["k"])
+        ratios.append((m * n * k, float(gemm_s(m, n, k, 1, rates)) / float(r["seconds"])))
+    if len(ratios) < 2:
         return {}
-    size, measured = np.array([p[0] for p in points]), np.array([p[1] for p in points])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        return np.log(math.exp(x[0]) * size / (size + math.exp(x[1]))) - np.log(measured)
-
-    x0 = [math.log(min(measured.max(), 1.0)), math.log(float(np.median(size)))]
-    r = least_squares(residuals, x0, bounds=([math.log(1e-3), 0.0], [0.0, math.log(1e12)]), loss="soft_l1",
-                      f_scale=0.1)
-    return {"compute_efficiency_max": math.exp(r.x[0]), "compute_half_size": math.exp(r.x[1])}
+    large = sorted(ratios)[len(ratios) // 2:]
+    return {"gemm_efficiency_scale": _clip("gemm_efficiency_scale", float(np.median([x for _, x in large])))}
 
 
 def _clip(name: str, value: float) -> float:
@@ -78,7 +72,7 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
 def fit_microbenchmarks(results: dict[str, Any], hardware: HardwareSpec, base: Efficiency = Efficiency()) -> Efficiency:
     """Starting values for `fit` from microbenchmarks (calibrate.microbench's results dict).
 
-    Matmuls give the compute curve (see _compute_curve); collectives give each link's bandwidth efficiency
+    Matmuls give the GEMM efficiency scale (see _compute_curve); collectives give each link's bandwidth efficiency
     and latency; measured memory bandwidth rescales optimizer_bytes_per_param, because the predictor times
     the optimizer step as bytes moved / the catalog's memory bandwidth. Host-to-device bandwidth has no
     Efficiency parameter (offload uses the catalog figure) and is not used."""

@@ -128,6 +128,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         vocab_size=int(_hf(cfg, "vocab_size")),
         max_position_embeddings=int(_hf(cfg, "max_position_embeddings", "n_positions", "n_ctx", default=2048)),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
         source=f"Hugging Face config.json at {path}",
     )
     return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
@@ -163,7 +164,10 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
 _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib", "fp32_tflops", "fp16_tflops",
             "bf16_tflops", "memory_bandwidth_gb_per_s", "intra_node_bandwidth_gb_per_s", "intra_node_latency_us",
             "inter_node_bandwidth_gb_per_s", "inter_node_latency_us", "host_to_device_gb_per_s",
-            "gpus_per_node", "host_memory_gib", "source"}
+            "gpus_per_node", "host_memory_gib", "source", "fp32_matmul_tflops", "fp16_matmul_tflops",
+            "bf16_matmul_tflops", "achievable_memory_bandwidth_gb_per_s", "kernel_launch_us", "num_compute_units",
+            "achievable_source"}
+_HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops"}
 
 
 def _number(path: Path, doc: dict[str, Any], key: str) -> float:
@@ -178,11 +182,16 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
     """A catalog accelerator by name (e.g. 'a100-80gb') or a hardware YAML path."""
     path = _resolve("hardware", name_or_path, "--hardware")
     doc = _read_yaml(path)
-    _check_keys(path, doc, _HW_KEYS, _HW_KEYS - {"bf16_tflops", "fp16_tflops"})
+    _check_keys(path, doc, _HW_KEYS, _HW_KEYS - _HW_OPTIONAL)
     if doc["kind"] not in ("gpu", "hpu", "cpu"):
         raise ValueError(f"{path}: kind must be gpu, hpu or cpu, got {doc['kind']!r}")
     peak = {p: _number(path, doc, f"{p}_tflops") * TERA
             for p in ("fp32", "fp16", "bf16") if doc.get(f"{p}_tflops") is not None}
+    matmul = {p: _number(path, doc, f"{p}_matmul_tflops") * TERA
+              for p in ("fp32", "fp16", "bf16") if doc.get(f"{p}_matmul_tflops") is not None}
+    if set(matmul) != set(peak):
+        raise ValueError(f"{path}: <precision>_matmul_tflops must be given for exactly the precisions with a peak "
+                         f"({', '.join(sorted(peak))}), got {', '.join(sorted(matmul)) or 'none'}")
     gbps = lambda key: _number(path, doc, key) * GIGA  # noqa: E731 - decimal GB/s as datasheets state it
     return HardwareSpec(
         name=str(doc["name"]), description=str(doc["description"]), kind=doc["kind"],
@@ -197,5 +206,10 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         host_to_device_bandwidth_bytes_per_s=gbps("host_to_device_gb_per_s"),
         num_devices_per_node=int(_number(path, doc, "gpus_per_node")),
         host_memory_bytes=_number(path, doc, "host_memory_gib") * GIB,
+        matmul_flops=matmul,
+        achievable_memory_bandwidth_bytes_per_s=gbps("achievable_memory_bandwidth_gb_per_s"),
+        kernel_launch_s=_number(path, doc, "kernel_launch_us") * MICRO,
+        num_compute_units=int(_number(path, doc, "num_compute_units")),
+        achievable_source=str(doc["achievable_source"]),
         source=str(doc["source"]),
     )

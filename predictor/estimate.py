@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from predictor.dsconfig import DSConfig
 from predictor.job import Efficiency, Job
 from predictor.memory import MemoryEstimate, estimate_memory
-from predictor.step_time import TimeEstimate, estimate_time
+from predictor.simulate import simulated_time
+from predictor.step_time import TimeEstimate
 
 __all__ = ["Estimate", "estimate"]
 
@@ -52,4 +53,5 @@ class Estimate:
 
 
 def estimate(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> Estimate:
-    return Estimate(job, cfg, estimate_memory(job, cfg, eff), estimate_time(job, cfg, eff))
+    """One configuration: memory, and time with its communication scheduled by the simulation (simulate.py)."""
+    return Estimate(job, cfg, estimate_memory(job, cfg, eff), simulated_time(job, cfg, eff))

@@ -35,6 +35,17 @@ class HardwareSpec:
     num_devices_per_node: int
     host_memory_bytes: float
     """Host (CPU) memory of one node, for offloaded state."""
+    matmul_flops: dict[str, float]
+    """Achievable (measured) dense matmul FLOP/s per precision on large shapes: what a GEMM reaches, not the
+    datasheet peak; same precisions as peak_flops."""
+    achievable_memory_bandwidth_bytes_per_s: float
+    """What a streaming copy reaches (read + write counted), the rate memory-bound kernels run at."""
+    kernel_launch_s: float
+    """Host time per kernel a training framework issues: a stream of short kernels cannot run faster."""
+    num_compute_units: int
+    """Streaming multiprocessors (or matrix engines) a GEMM's output tiles are spread over in waves."""
+    achievable_source: str
+    """Where matmul_flops, achievable_memory_bandwidth, kernel_launch and num_compute_units come from."""
     source: str
 
     def supports(self, precision: Precision) -> bool:

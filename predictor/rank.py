@@ -149,15 +149,21 @@ def rank(job: Job, space: SearchSpace, eff: Efficiency = Efficiency(), metric: M
             kept.append(int(index))
         elif key[0] > float(score[kept[-1]]):
             break
-    entries, best_band = [], None
+    # The kept configurations are predicted one by one (estimate: the simulated schedule) and ordered by
+    # that prediction; the closed form above only chose them (tests/test_simulate.py holds the two together).
+    found = []
     for index in kept:
-        row, col = divmod(index, cols)
-        est = estimate(job, table.config(row, col), eff)
-        low, high = _band(value.ravel()[index], metric, uncertainty.step_time_rel)
+        est = estimate(job, table.config(*divmod(index, cols)), eff)
+        found.append((float(metric_value(metric, np.array(est.samples_per_step), np.array(est.time.step_s),
+                                         np.array(est.time.model_flops_per_gpu))), est, index))
+    found.sort(key=lambda item: -item[0] if MAXIMISED[metric] else item[0])
+    entries, best_band = [], None
+    for predicted, est, index in found:
+        low, high = _band(predicted, metric, uncertainty.step_time_rel)
         best_band = best_band or (low, high)
         close = high >= best_band[0] if MAXIMISED[metric] else low <= best_band[1]
         at_risk = est.memory.total_bytes * (1 + uncertainty.memory_rel) > est.memory.capacity_bytes
-        entries.append(Ranked(est, float(value.ravel()[index]), low, high, close, at_risk,
+        entries.append(Ranked(est, predicted, low, high, close, at_risk,
                               equivalents[(float(score[index]), float(memory[index]))]))
     return Ranking(metric, tuple(entries), int(fits.size), int(fits.sum()),
                    estimate(job, table.config(*divmod(least, cols)), eff))

@@ -1,12 +1,16 @@
 """A one-micro-step simulation: per-layer compute and bucketed collectives on two streams.
 
 The closed form in step_time.py hides communication behind a compute window in bulk. This builds the
-dependency graph it abstracts (networkx): forward and backward tasks per block on a compute stream,
-gradient buckets that fill as blocks finish backward and are reduced on a communication stream, and for
-ZeRO-3 the per-block parameter all-gathers that prefetch ahead of the compute that needs them. Each
-stream runs its tasks in issue order, a task starts when its stream is free and its inputs are done
-(list scheduling), and the exposed communication is the makespan minus the compute. It is slower than
-the closed form and used to check it, not to rank.
+dependency graph it abstracts (networkx): the operator model's tasks (ops.py via step_time.stage_parts:
+each block's forward, recompute + backward, and the embedding / logits / loss outside the blocks) on a
+compute stream, gradient buckets that fill as blocks finish backward and are reduced on a communication
+stream, and for ZeRO-3 the per-block parameter all-gathers that prefetch ahead of the compute that needs
+them. Each stream runs its tasks in issue order, a task starts when its stream is free and its inputs are
+done (list scheduling), and the exposed communication is the makespan minus the compute.
+
+A single prediction (estimate) takes its in-step exposed communication from this schedule
+(simulated_time); ranking a whole space uses the closed form, which tests/test_simulate.py holds to the
+simulation within a stated tolerance.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import networkx as nx
 from predictor.dsconfig import DSConfig
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES
-from predictor.step_time import Collective, collective_s, compute_times, data_parallel_link
+from predictor.step_time import (Collective, TimeEstimate, collective_s, data_parallel_collectives,
+                                 data_parallel_link, estimate_time,
+                                 last_micro_step_exposed, stage_parts)
 
-__all__ = ["SimulatedMicroStep", "simulate_micro_step"]
+__all__ = ["SimulatedMicroStep", "simulate_micro_step", "simulated_time"]
 
 
 @dataclass(frozen=True)
@@ -54,20 +60,23 @@ def _schedule(graph: nx.DiGraph) -> float:
 
 def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> SimulatedMicroStep:
     """Simulate the last micro-step of a step (the one whose backward reduces, for every stage >= 1)."""
-    fwd, bwd, rec, _ = compute_times(job, cfg, eff)
+    parts = stage_parts(job, cfg, eff)
     m, z = job.model, cfg.zero
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
-    num_layers = m.num_layers
+    num_layers = parts.layers
     layer_params = m.num_layer_params / cfg.mp_size
-    outer_params = (m.num_params / cfg.mp_size) - num_layers * layer_params
+    outer_params = (m.num_params / cfg.mp_size) - m.num_layers * layer_params
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     comm = lambda kind, elems: collective_s(Collective(kind, elems * (p if kind == "all_gather" else g), 1,  # noqa: E731
                                                        "backward", True), n_dp, bandwidth, latency)
+    # the gradient reduction DeepSpeed issues (data_parallel_collectives: reduce-scatter, or all-reduce)
+    reduce_kind = next((c.kind for c in data_parallel_collectives(job, cfg) if c.phase == "backward"),
+                       "reduce_scatter")
     graph = nx.DiGraph()
     gather_prev = compute_prev = ""
     prefetch_depth = max(1, int(z.stage3_prefetch_bucket_size_elems // max(layer_params, 1)))
-    layer_fwd, layer_bwd = fwd / num_layers, (bwd + rec) / num_layers
+    layer_fwd, layer_bwd = parts.block_forward_s, parts.block_backward_s + parts.block_recompute_s
     fwd_tasks: list[str] = []
     for i in range(num_layers):  # forward
         deps = [compute_prev]
@@ -78,6 +87,9 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
             deps.append(gather_prev)
         compute_prev = _add(graph, f"f{i}", "compute", layer_fwd, deps)
         fwd_tasks.append(compute_prev)
+    # logits and loss (and, in one stage, the embedding) after the blocks; their backward first
+    compute_prev = _add(graph, "outer_f", "compute", parts.outer_forward_s, [compute_prev])
+    compute_prev = _add(graph, "outer_b", "compute", parts.outer_backward_s, [compute_prev])
     bucket_elems, reduce_prev, bwd_tasks = 0.0, "", []
     for i in reversed(range(num_layers)):  # backward, gradients bucketed as blocks finish
         deps = [compute_prev]
@@ -90,12 +102,24 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         bwd_tasks.append(compute_prev)
         bucket_elems += layer_params
         if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
-            reduce_prev = _add(graph, f"rs{i}", "comm", comm("reduce_scatter", bucket_elems),
+            reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
     if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
         left = bucket_elems + outer_params
-        _add(graph, "rs_last", "comm", comm("reduce_scatter", left), [compute_prev, reduce_prev])
-    compute_s = fwd + bwd + rec
+        _add(graph, "rs_last", "comm", comm(reduce_kind, left), [compute_prev, reduce_prev])
+    compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
     comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s
     return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)
+
+
+def simulated_time(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> TimeEstimate:
+    """estimate_time with the communication exposed inside micro-steps taken from the simulated schedule
+    instead of the closed form: what a single prediction reports. Micro-steps that reduce (the last one;
+    every one for ZeRO-2 and -3) each expose what the simulation of the last one does."""
+    closed = estimate_time(job, cfg, eff)
+    repeats = cfg.gradient_accumulation_steps if cfg.zero.stage >= 2 else 1
+    simulated = simulate_micro_step(job, cfg, eff).exposed_comm_s
+    exposed = closed.breakdown_s["exposed_comm"] + repeats * (simulated - last_micro_step_exposed(job, cfg, eff))
+    return TimeEstimate(breakdown_s={**closed.breakdown_s, "exposed_comm": max(exposed, 0.0)},
+                        comm_total_s=closed.comm_total_s, model_flops_per_gpu=closed.model_flops_per_gpu)

@@ -13,6 +13,7 @@ a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth con
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -22,9 +23,11 @@ from predictor.dsconfig import DSConfig
 from predictor.flops import micro_batch_flops
 from predictor.job import Efficiency, Job
 from predictor.memory import DTYPE_BYTES, STAGE0_ALLREDUCE_BUCKET_ELEMS
+from predictor.model import ModelSpec
+from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_efficiency", "compute_times", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
@@ -58,11 +61,6 @@ class TimeEstimate:
     @property
     def step_s(self) -> float:
         return sum(self.breakdown_s.values())
-
-
-def compute_efficiency(size: float, eff: Efficiency) -> float:
-    """Saturating efficiency curve: eff_max * x / (x + x_half)."""
-    return eff.compute_efficiency_max * size / (size + eff.compute_half_size)
 
 
 def data_parallel_link(job: Job, eff: Efficiency) -> tuple[float, float]:
@@ -112,17 +110,66 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
                   ) -> tuple[Batch, Batch, Batch, Batch]:
     """(forward, backward, recompute seconds per micro-step, model FLOPs per micro-step) per GPU.
 
-    FLOPs are linear in the micro-batch (every term of flops.py has a factor b), so one sample's FLOPs
-    times b serve a single configuration and an array of micro-batch sizes alike."""
-    m, s, tp = job.model, job.seq_len, cfg.mp_size
+    Times come from the operator-level model (ops.py) of the busiest pipeline stage: its blocks, and the
+    logits and loss, which the last stage runs (with one stage, the embedding too). Each phase takes the
+    longer of its kernels' device time and the host's launches of them. Model FLOPs are flops.py's count
+    spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
+    m = job.model
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
-    one = micro_batch_flops(m, 1, s, cfg.activation_checkpointing.enabled)
-    # The busiest pipeline stage sets the pace: it computes its blocks' share of the model.
-    share = cfg.mp_size * m.num_layers / cfg.stage_layers(m.num_layers)
-    scale = getattr(eff, f"{cfg.precision}_compute_scale")
-    rate = job.cluster.hardware.peak_flops[cfg.precision] * scale * compute_efficiency(b * s * m.hidden_size / tp, eff)
-    return (b * one.forward_flops / share / rate, b * one.backward_flops / share / rate,
-            b * one.recompute_flops / share / rate, b * one.model_flops / share)
+    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
+    layers = cfg.stage_layers(m.num_layers)
+    sizes = tuple(np.asarray(b, dtype=float).ravel())
+    fwd, bwd, rec = (np.asarray(x).reshape(np.shape(b)) if isinstance(b, np.ndarray) else float(x[0])
+                     for x in _op_times(m, job.seq_len, rates, cfg.mp_size, layers, cfg.pp_size == 1,
+                                        cfg.activation_checkpointing.enabled, sizes))
+    one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
+    share = cfg.mp_size * m.num_layers / layers
+    return fwd, bwd, rec, b * one.model_flops / share
+
+
+@dataclass(frozen=True)
+class StageParts:
+    """One micro-step of the busiest stage as the tasks a schedule needs, in seconds: each block's forward,
+    backward and recompute, and what runs outside the blocks (embedding, logits and loss). layers x block +
+    outer equals compute_times' totals (in the host-bound regime every part stretches alike)."""
+
+    layers: int
+    block_forward_s: float
+    block_backward_s: float
+    block_recompute_s: float
+    outer_forward_s: float
+    outer_backward_s: float
+
+
+def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
+    m, b = job.model, cfg.train_micro_batch_size_per_gpu
+    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
+    layers = cfg.stage_layers(m.num_layers)
+    block = layer_times(m, b, job.seq_len, cfg.mp_size, rates)
+    outer = outer_times(m, b, job.seq_len, cfg.mp_size, rates, cfg.pp_size == 1)
+    fwd, bwd, rec, _ = compute_times(job, cfg, eff)
+    stretch_f = float(fwd) / float(layers * block.forward_s + outer.forward_s)
+    stretch_b = float(bwd) / float(layers * block.backward_s + outer.backward_s)
+    return StageParts(layers, float(block.forward_s) * stretch_f, float(block.backward_s) * stretch_b,
+                      float(rec) / layers, float(outer.forward_s) * stretch_f, float(outer.backward_s) * stretch_b)
+
+
+@lru_cache(maxsize=64)
+def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
+              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(forward, backward, recompute) seconds of one stage at each micro-batch size. Cached: the variants of a
+    space differ in ZeRO knobs that leave compute alone, so ranking times each (model, device, sizes) once."""
+    b = np.array(sizes)
+    block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
+    launch = rates.kernel_launch_s
+    fwd = np.maximum(layers * block.forward_s + outer.forward_s,
+                     launch * (layers * block.forward_kernels + outer.forward_kernels))
+    bwd = np.maximum(layers * block.backward_s + outer.backward_s,
+                     launch * (layers * block.backward_kernels + outer.backward_kernels))
+    rec = np.maximum(layers * block.forward_s, launch * layers * block.forward_kernels) if recompute else 0 * fwd
+    for column in (fwd, bwd, rec):
+        column.setflags(write=False)  # shared between callers through the cache
+    return fwd, bwd, rec
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:

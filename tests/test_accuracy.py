@@ -16,7 +16,8 @@ import pytest
 from predictor import estimate
 from predictor.flops import micro_batch_flops
 from validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, DataSetScore, Skip, format_markdown, main,
-                               rank_groups, read_rows, row_case, score_dir, score_rows)
+                               model_half, rank_groups, read_rows, row_case, score_dir, score_rows,
+                               split_rows)
 
 TEMPLATE: dict[str, Any] = {
     "source": "synthetic (tests/test_accuracy.py)", "value_quality": "synthetic",
@@ -46,6 +47,13 @@ def case_of(row: dict[str, Any], row_id: str = "synthetic:1") -> Case:
 
 @pytest.fixture(scope="module")
 def scores() -> dict[str, DataSetScore]:
+    """Every row of every data set (both halves)."""
+    return {s.name: s for s in score_dir(half="all")}
+
+
+@pytest.fixture(scope="module")
+def test_half() -> dict[str, DataSetScore]:
+    """The held-out models only: what the regression guards and the report measure."""
     return {s.name: s for s in score_dir()}
 
 
@@ -78,18 +86,18 @@ def test_extension_only_rows_are_skipped_for_that_reason(scores) -> None:
 
 # -- regression guards on the shipped data (uncalibrated Efficiency defaults) ---------------------------------
 
-# (data set, measured speed MAPE % when written, bound). vtrain_single is high because the uncalibrated
-# efficiency curve is ~2.4x too optimistic for hidden 1024 at micro-batch 1 (h1024 runs on 2-8 A100s).
-# With pipeline stages modelled: bloom 108 rows, Korthikanti Table 5 4 rows (3 of them pipelined),
-# vtrain 1440 + 109 rows.
-SPEED_BOUNDS = [("bloom_tr11", 10.1, 14.0), ("korthikanti2022_table5", 32.8, 38.0),
-                ("llmfoundry_mpt_fsdp", 20.1, 25.0), ("vtrain_multi", 17.9, 24.0), ("vtrain_single", 51.8, 58.0)]
+# (data set, measured speed MAPE % on the test half when written, bound), operator-level model (ops.py),
+# uncalibrated: bloom 47 rows, Korthikanti Table 5 2 rows, llm-foundry 102, vtrain 720 + 62, the HF models on
+# 16 V100 23 rows (DeBERTa's disentangled attention is not modelled; BERT runs in fp32 there).
+SPEED_BOUNDS = [("bloom_tr11", 12.5, 15.0), ("korthikanti2022_table5", 22.3, 27.0),
+                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 12.7, 16.0), ("vtrain_single", 15.5, 19.0),
+                ("ds_autotuning_hf_v100", 29.2, 34.0)]
 
 
 @pytest.mark.parametrize("name,measured_pct,bound_pct", SPEED_BOUNDS, ids=[b[0] for b in SPEED_BOUNDS])
-def test_speed_mape_stays_below_the_measured_bound(scores, name, measured_pct, bound_pct) -> None:
-    assert scores[name].speed, name
-    assert scores[name].speed_mape_pct < bound_pct, (name, scores[name].speed_mape_pct, measured_pct)
+def test_speed_mape_stays_below_the_measured_bound(test_half, name, measured_pct, bound_pct) -> None:
+    assert test_half[name].speed, name
+    assert test_half[name].speed_mape_pct < bound_pct, (name, test_half[name].speed_mape_pct, measured_pct)
 
 
 def test_memory_mape_stays_below_the_measured_bound(scores) -> None:
@@ -115,13 +123,14 @@ def test_fit_verdicts_agree_where_measured(scores) -> None:
     assert scores["llmfoundry_mpt_fsdp"].verdict_agreement >= 0.44
 
 
-def test_ranking_guard_on_vtrain_single(scores) -> None:
-    # 144 groups (same model, GPUs and global batch, pipelined layouts included); zerotune's first pick is the
-    # measured best in 64 (44%) and reaches 93.0% of the best's throughput on average when written.
-    s = scores["vtrain_single"]
-    assert len(s.rankings) == 144
-    assert s.ranked_first_share >= 0.40
-    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.90
+def test_ranking_guard_on_vtrain_single(test_half) -> None:
+    # 72 groups of the test half (same model, GPUs and global batch, pipelined layouts included); zerotune's
+    # first pick is the measured best in 40 (56%) and reaches 95.1% of the best's throughput on average when
+    # written (the saturating-curve model before it: 33 / 72 and 92.9%).
+    s = test_half["vtrain_single"]
+    assert len(s.rankings) == 72
+    assert s.ranked_first_share >= 0.5
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.93
 
 
 # -- the scorer itself, on constructed rows ---------------------------------------------------------------
@@ -204,9 +213,10 @@ def test_cli_prints_and_writes_the_table(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "exact.jsonl").write_text("".join(json.dumps(row) + "\n" for _, row in exact_rows()))
-    assert main(["--data", str(data), "--markdown", str(tmp_path / "report.md")]) == 0
+    assert main(["--data", str(data), "--markdown", str(tmp_path / "report.md"), "--half", "all"]) == 0
     printed = capsys.readouterr().out
-    assert printed == (tmp_path / "report.md").read_text() == format_markdown(score_dir(data))
+    table = format_markdown(score_dir(data, half="all"))
+    assert printed == (tmp_path / "report.md").read_text() == "Models scored: all half\n\n" + table
     assert "| exact | 5 | 5 | 0 |" in printed
     assert main(["--data", str(tmp_path / "empty")]) == 2
     assert "no *.jsonl files" in capsys.readouterr().err
@@ -222,3 +232,30 @@ def test_a_run_zerotune_calls_out_of_memory_is_a_disagreeing_verdict() -> None:
     row = make_row(batch={"micro_batch": 512, "grad_accum": 1, "global_batch": 8192, "seq_len": 8192})
     s = score_rows("oom", [("oom:1", row)])
     assert s.verdicts[0].measured_fits and not s.verdicts[0].predicted_fits and s.verdict_agreement == 0.0
+
+
+# -- the split by model ----------------------------------------------------------------------------------
+
+def test_every_data_set_splits_by_model_into_two_disjoint_halves() -> None:
+    for path in sorted(DEFAULT_DATA_DIR.glob("*.jsonl")):
+        rows = read_rows(path)
+        fit, test = split_rows(rows, "fit"), split_rows(rows, "test")
+        assert len(fit) + len(test) == len(rows), path.name
+        fit_models = {row["model"]["name"] for _, row in fit}
+        test_models = {row["model"]["name"] for _, row in test}
+        assert not fit_models & test_models, path.name  # no model on both sides
+        if len(fit_models | test_models) > 1:
+            assert fit_models and test_models, path.name
+
+
+def test_split_is_fixed_by_model_name() -> None:
+    # the GPT-2 large table of seed 002 is held out; the split cannot drift with row order
+    names = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base-cased", "bert-large-uncased",
+             "distilbert-base-uncased", "deberta-v2-xxlarge"]
+    assert model_half(names, "gpt2-large") == "test" == model_half(list(reversed(names)), "gpt2-large")
+    assert model_half(names, "gpt2") == "fit"
+
+
+def test_report_defaults_to_the_test_half(capsys) -> None:
+    assert main([]) == 0
+    assert capsys.readouterr().out.startswith("Models scored: test half")

@@ -17,7 +17,7 @@ from tests.conftest import make_job
 
 def _measurements() -> list[Measurement]:
     job = make_job("gpt2", "a100-40gb", num_gpus=8, seq_len=1024)
-    true = Efficiency(compute_efficiency_max=0.3)
+    true = Efficiency(gemm_efficiency_scale=0.3)
     out = []
     for stage, micro_batch, factor in ((0, 1, 1.02), (1, 2, 0.97), (2, 4, 1.01), (3, 8, 0.99), (2, 8, 1.0)):
         cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, precision="bf16").replace_zero(stage=stage)
@@ -31,7 +31,7 @@ def profile() -> CalibrationProfile:
     data = _measurements()
     env = {"torch": "2.13.0", "deepspeed": "0.19.8", "nccl": "2.21.5", "device": "NVIDIA A100-SXM4-40GB",
            "device_memory_bytes": 42505273344, "date": "2026-11-22"}
-    return make_profile(fit(data, params=("compute_efficiency_max", "compute_half_size")), data, env,
+    return make_profile(fit(data, params=("gemm_efficiency_scale",)), data, env,
                         created="2026-11-22")
 
 
@@ -51,7 +51,7 @@ def test_round_trip_is_exact_and_leaves_no_temporary_files(profile: CalibrationP
     assert load_profile(path) == profile
     assert [p.name for p in tmp_path.iterdir()] == ["a100-40gb.json"]
     assert profile.hardware == "a100-40gb" and profile.fitted_on["count"] == 5
-    assert profile.efficiency.compute_efficiency_max == pytest.approx(0.3, rel=0.05)
+    assert profile.efficiency.gemm_efficiency_scale == pytest.approx(0.3, rel=0.05)
     # The measurements come back as Measurement records.
     assert [m.config for m in profile_measurements(load_profile(path))] == [m.config for m in _measurements()]
 
@@ -66,8 +66,8 @@ def test_a_profile_from_before_the_residual_was_removed_loads_only_without_one(p
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.update(hardwre="x"), "unknown key 'hardwre' \\(did you mean 'hardware'\\?\\)"),
-    (lambda d: d["efficiency"].update(compute_eficiency_max=0.4),
-     "efficiency: unknown key 'compute_eficiency_max' \\(did you mean 'compute_efficiency_max'\\?\\)"),
+    (lambda d: d["efficiency"].update(gemm_eficiency_scale=0.4),
+     "efficiency: unknown key 'gemm_eficiency_scale' \\(did you mean 'gemm_efficiency_scale'\\?\\)"),
     (lambda d: d["efficiency"].update(overlap_efficiency="high"), "efficiency.overlap_efficiency must be a number"),
     (lambda d: d["fit_quality"].update(step_mape=0.1), "fit_quality: unknown key 'step_mape'"),
     (lambda d: d["uncertainty"].pop("step_time_rel"), "uncertainty: missing key 'step_time_rel'"),

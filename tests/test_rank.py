@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor import estimate
+from predictor import estimate, estimate_time
 from predictor.rank import Uncertainty, evaluate_space, rank
 from predictor.space import space_from_ds_config
 from tests.conftest import make_job
@@ -24,17 +24,25 @@ def gpt2_large_16():
                                                        ("llama-2-7b", "a100-80gb", 2, 8),
                                                        ("bert-large", "h100-80gb", 1, 4)])
 def test_vectorised_table_equals_single_predictions(model, hardware, nodes, gpus):
-    """One formula: every sampled cell of the ranked table is what `predict` says for that configuration."""
+    """One formula: every sampled cell of the ranked table is what `predict` says for that configuration, but
+    for the exposed communication, which `predict` takes from the simulated schedule and the table from the
+    closed form. Measured when written, |table - predict| / predict over these samples: median 0.4% / 2.3% /
+    0.5%, worst 8% (GPT-2 large), 21% (Llama-2 7B on two nodes, ZeRO-3 whose gathers outrun the compute they
+    hide behind: the simulation exposes them, the closed form hides up to 90% of them) and 3.7% (BERT-large)."""
     job = make_job(model, hardware, nodes, gpus, 512)
     doc = {**FP16, "train_micro_batch_size_per_gpu": [1, 3, 8, 32], "gradient_accumulation_steps": [1, 4]}
     table = evaluate_space(job, space_from_ds_config(doc, world_size=job.cluster.world_size,
                                                      hidden_size=job.model.hidden_size))
-    rng = np.random.default_rng(0)
+    rng, gaps = np.random.default_rng(0), []
     for row, col in zip(rng.integers(0, len(table.variants), 60), rng.integers(0, len(table.micro_batch), 60)):
         est = estimate(job, table.config(row, col))
         assert table.memory_bytes[row, col] == pytest.approx(est.memory.total_bytes, rel=1e-9)
-        assert table.step_s[row, col] == pytest.approx(est.time.step_s, rel=1e-9)
+        closed = est.time.step_s - est.time.breakdown_s["exposed_comm"] + estimate_time(
+            job, table.config(row, col)).breakdown_s["exposed_comm"]
+        assert table.step_s[row, col] == pytest.approx(closed, rel=1e-9)
         assert table.model_flops_per_gpu[row, col] == pytest.approx(est.time.model_flops_per_gpu, rel=1e-9)
+        gaps.append(abs(table.step_s[row, col] - est.time.step_s) / est.time.step_s)
+    assert max(gaps) <= 0.25 and float(np.median(gaps)) <= 0.03
 
 
 def test_ranking_is_ordered_and_only_fits(gpt2_large_16):
@@ -45,7 +53,8 @@ def test_ranking_is_ordered_and_only_fits(gpt2_large_16):
     assert all(e.estimate.memory.fits for e in ranking.entries)
     table = evaluate_space(job, space)
     best_possible = (table.samples_per_step / table.step_s)[table.fits(job)].max()
-    assert values[0] == pytest.approx(best_possible)
+    # entries carry the single prediction (simulated schedule); the table's best is the closed form's
+    assert values[0] == pytest.approx(best_possible, rel=0.1)
     assert 0 < ranking.num_fit < ranking.num_configs == space.num_configs(16)
 
 
@@ -54,7 +63,7 @@ def test_latency_is_minimised(gpt2_large_16):
     job, space = gpt2_large_16
     ranking = rank(job, space, metric="latency", top=5)
     table = evaluate_space(job, space)
-    assert ranking.entries[0].metric_value == pytest.approx(table.step_s[table.fits(job)].min() * 1e3)
+    assert ranking.entries[0].metric_value == pytest.approx(table.step_s[table.fits(job)].min() * 1e3, rel=0.1)
     assert [e.metric_value for e in ranking.entries] == sorted(e.metric_value for e in ranking.entries)
 
 

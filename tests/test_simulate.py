@@ -43,3 +43,20 @@ def test_without_overlap_the_whole_reduction_is_exposed() -> None:
     sim = simulate_micro_step(job, DSConfig(precision="fp16", zero=ZeroConfig(stage=2, overlap_comm=False)))
     assert sim.exposed_comm_s == pytest.approx(sim.comm_s, rel=1e-9)
     assert sim.comm_s > 0
+
+
+def test_a_single_prediction_is_the_simulated_schedule() -> None:
+    # estimate() reports the exposed communication of the simulated schedule (the product path), the closed
+    # form only where the two agree: same compute, and exposed communication within the tolerance above.
+    from predictor import estimate, estimate_time
+    job = make_job("llama-2-7b", "a100-80gb", 4, 8, 512)
+    cfg = DSConfig(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=3, precision="fp16",
+                   zero=ZeroConfig(stage=3, overlap_comm=False))
+    product, closed = estimate(job, cfg).time.breakdown_s, estimate_time(job, cfg).breakdown_s
+    sim = simulate_micro_step(job, cfg)
+    expected = closed["exposed_comm"] + 3 * (sim.exposed_comm_s - last_micro_step_exposed(job, cfg))
+    assert product["exposed_comm"] == pytest.approx(expected, rel=1e-9)
+    assert product["exposed_comm"] != pytest.approx(closed["exposed_comm"], rel=1e-6)
+    for term in ("forward", "backward", "recompute", "optimizer_step"):
+        assert product[term] == closed[term]
+    assert abs(product["exposed_comm"] - closed["exposed_comm"]) <= 0.15 * 3 * sim.makespan_s

@@ -85,7 +85,7 @@ def test_metrics_follow_deepspeeds_definitions() -> None:
     assert est.latency_ms == pytest.approx(est.time.step_s * 1e3)
     flops = micro_batch_flops(job.model, 3, job.seq_len, recompute=False).model_flops * 2
     assert est.flops_per_gpu == pytest.approx(flops / est.time.step_s)
-    assert 0 < est.mfu < Efficiency().compute_efficiency_max
+    assert 0 < est.mfu < Efficiency().gemm_efficiency_scale
 
 
 def test_recompute_costs_one_more_forward() -> None:
@@ -106,8 +106,12 @@ def test_pipeline_bubble_and_stage_share():
     flat = DSConfig(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=8, precision="bf16",
                     zero=ZeroConfig(stage=1))
     piped = flat.replace(pp_size=4)
-    t_flat, t_pipe = estimate_time(job, flat).breakdown_s, estimate_time(job, piped).breakdown_s
-    assert t_pipe["forward"] == pytest.approx(t_flat["forward"] / 4, rel=1e-9)
+    device_bound = Efficiency(kernel_launch_s=1e-9)  # the stage share of device time, not of host launches
+    t_flat, t_pipe = estimate_time(job, flat, device_bound).breakdown_s, estimate_time(job, piped, device_bound).breakdown_s
+    # the busiest (last) stage runs a quarter of the blocks and the whole logits and loss
+    headless = estimate_time(job.__class__(job.model.replace(head="none"), job.cluster, job.seq_len), flat, device_bound)
+    logits_s = t_flat["forward"] - headless.breakdown_s["forward"]
+    assert t_flat["forward"] / 4 < t_pipe["forward"] < t_flat["forward"] / 4 + logits_s
     per_micro = (t_pipe["forward"] + t_pipe["backward"] + t_pipe["recompute"]) / 8
     assert t_pipe["pipeline_bubble"] == pytest.approx(3 * per_micro, rel=1e-9)
     assert t_flat["pipeline_bubble"] == 0.0

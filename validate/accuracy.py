@@ -13,6 +13,8 @@ Reads data/measurements/published/*.jsonl (schema in that folder's README.md), t
              (model_state_memory_bytes, activation_memory_bytes) against the matching breakdown terms.
   ranking    rows with the same model, hardware, GPU count, sequence length, precision and global batch
              but different configurations: does zerotune's fastest prediction pick the measured fastest?
+Data discipline: each data set's models are split in two halves (model_half); the report covers the test
+half unless --half says otherwise, and default constants are chosen on the fit half only.
 Rows zerotune cannot express are skipped with their reason (pipeline parallelism is modelled as 1F1B stages
 paced by the busiest): fp8, sequence parallelism, selective recompute, missing fields.
 Filled gaps: a null precision becomes fp16 only where the GPU's fp16 and bf16 peaks are equal (the
@@ -34,7 +36,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from predictor import ClusterSpec, DSConfig, Efficiency, Estimate, Job, ModelSpec, estimate, load_hardware
 from predictor.catalog import data_dir, list_hardware, list_models, load_model
@@ -44,9 +46,10 @@ from predictor.hardware import HardwareSpec
 from predictor.memory import state_bytes
 from predictor.units import TERA
 
-__all__ = ["Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
+__all__ = ["Half", "model_half", "split_rows", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
            "score_rows", "score_dir", "format_markdown", "main", "SPEED_METRICS", "DEFAULT_DATA_DIR"]
 
+Half = Literal["fit", "test"]
 DEFAULT_DATA_DIR = data_dir() / "measurements" / "published"
 SPEED_METRICS = ("step_time_s", "throughput_samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
 """Time metrics in order of preference: the first a row has is the one scored."""
@@ -169,13 +172,22 @@ def _catalog_by_dims() -> dict[tuple[int, ...], ModelSpec]:
     return {tuple(getattr(m, d) for d in MODEL_DIMS): m for m in models}
 
 
+def _same_family(name: str, dims: tuple[int, ...]) -> ModelSpec | None:
+    """A catalog model the row's name starts with and whose blocks match, with the row's vocabulary
+    (bert-base-cased is the catalog's bert-base with a 28,996-token vocabulary)."""
+    for model in (load_model(n) for n in list_models() if name.startswith(n)):
+        if tuple(getattr(model, d) for d in MODEL_DIMS[:-1]) == dims[:-1]:
+            return model.replace(vocab_size=dims[-1], name=name)
+    return None
+
+
 def model_spec(fields: dict[str, Any], seq_len: int, source: str) -> ModelSpec | str:
     """The catalog model with the row's dimensions, else a GPT-style ModelSpec; a str says what is missing."""
     missing = [d for d in MODEL_DIMS if not fields.get(d)]
     if missing:
         return f"model {', '.join(missing)} not given (source gives a nominal size only)"
     dims = tuple(int(fields[d]) for d in MODEL_DIMS)
-    known = _catalog_by_dims().get(dims)
+    known = _catalog_by_dims().get(dims) or _same_family(str(fields.get("name") or ""), dims)
     if known is not None:
         return known if known.position_embedding != "learned" or seq_len <= known.max_position_embeddings \
             else known.replace(max_position_embeddings=seq_len)
@@ -419,11 +431,28 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return rows
 
 
-def score_dir(directory: Path = DEFAULT_DATA_DIR, eff: Efficiency = Efficiency()) -> tuple[DataSetScore, ...]:
+def model_half(model_names: Sequence[str], name: str) -> Half:
+    """'fit' or 'test': a data set's distinct model names, sorted, alternate between the halves (the first
+    fits). A model's rows all land in one half, so no model is both fitted and tested on."""
+    return "fit" if sorted(set(model_names)).index(name) % 2 == 0 else "test"
+
+
+def split_rows(rows: Sequence[tuple[str, dict[str, Any]]], half: Half | Literal["all"]
+               ) -> list[tuple[str, dict[str, Any]]]:
+    """The rows of one data set in `half` ('all' keeps every row), split by model, never by row."""
+    if half == "all":
+        return list(rows)
+    names = [str(row["model"]["name"]) for _, row in rows]
+    return [(rid, row) for rid, row in rows if model_half(names, str(row["model"]["name"])) == half]
+
+
+def score_dir(directory: Path = DEFAULT_DATA_DIR, eff: Efficiency = Efficiency(),
+              half: Half | Literal["all"] = "test") -> tuple[DataSetScore, ...]:
+    """Score every data set of a folder on one half of its models (the test half unless told)."""
     paths = sorted(Path(directory).glob("*.jsonl"))
     if not paths:
         raise ValueError(f"--data {directory}: no *.jsonl files; point it at data/measurements/published")
-    return tuple(score_rows(p.stem, read_rows(p), eff) for p in paths)
+    return tuple(score_rows(p.stem, split_rows(read_rows(p), half), eff) for p in paths)
 
 
 # -- report ----------------------------------------------------------------------------------------------
@@ -477,9 +506,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  "training measurements.")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="folder of published *.jsonl files")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--half", choices=("test", "fit", "all"), default="test",
+                        help="which models of each data set to score: the held-out test half (default), the "
+                             "half defaults may be chosen on (fit), or all")
     args = parser.parse_args(argv)
     try:
-        text = format_markdown(score_dir(args.data))
+        text = f"Models scored: {args.half} half\n\n" + format_markdown(score_dir(args.data, half=args.half))
         if args.markdown:
             args.markdown.write_text(text)
     except (ValueError, OSError) as exc:

@@ -1,0 +1,214 @@
+"""A micro-step as the kernels it runs: GEMMs on a roofline with a shape curve, memory-bound ops as bytes moved.
+
+Per transformer block (Megatron's tensor-parallel split: heads and MLP width / tp; norms, dropouts and residual
+adds replicated on every tp rank, Shoeybi et al. 2019 sec. 3), forward:
+  GEMMs    QKV (T x h -> h + 2kv), attention out (h/tp -> h), MLP up (h -> f, twice when gated) and down
+           (f/tp -> h), with T = micro-batch x seq tokens; attention as two batched matmuls per head
+           (s x d x s scores, s x s x d context) or one fused SDPA/flash kernel (Dao et al. 2022)
+  memory   two norms, the activation, two dropout + residual-add pairs, the head merge; eager attention adds
+           scale, mask, softmax and dropout over b x heads x s x s scores (Korthikanti et al. 2022, sec. 4.1)
+Outside the blocks: the embedding gather (+ positions, + BERT token types and norm), the final norm, the
+logits GEMM and its cross-entropy (a copy and a log-softmax over T x V, HF's shift-and-flatten).
+Backward runs each forward GEMM as two GEMMs of the same FLOPs (input and weight gradient, their own shapes),
+flash attention 2.5x its forward (it recomputes the scores), and each memory-bound op reading its saved
+inputs and the incoming gradient. Activation checkpointing recomputes the blocks' forward.
+
+Time of a GEMM: the larger of FLOPs / (achievable matmul FLOP/s x wave and tile quantization) and its bytes
+/ achievable bandwidth (a roofline, Williams et al. 2009). Output tiles of 128 x 128 (smaller for a smaller
+dimension, as cuBLAS's heuristics pick) fill the device's compute units in waves; a last partial wave idles
+the rest (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave quantization). Memory-bound
+ops move their bytes at the achievable bandwidth. Each kernel costs the host a launch; a phase takes the
+longer of its kernels' device time and their launches (the host-bound regime of small models).
+
+Everything is vectorised over an array of micro-batch sizes (ranking evaluates whole spaces at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from predictor.flops import BACKWARD_PER_FORWARD
+from predictor.hardware import HardwareSpec
+from predictor.job import Efficiency
+from predictor.memory import DTYPE_BYTES
+from predictor.model import ModelSpec
+
+__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "PhaseTimes", "layer_times", "outer_times",
+           "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES"]
+
+Batch = Union[int, float, np.ndarray]
+TILE_ELEMS = 128
+"""Largest output tile edge of a tensor-core GEMM (cuBLAS/CUTLASS 128 x 128 thread-block tiles)."""
+MIN_TILE_ELEMS = 16
+FLASH_BACKWARD_PER_FORWARD = 2.5
+"""Flash attention's backward recomputes the scores: 5 matmuls against the forward's 2 (Dao et al. 2022,
+sec. 3.1 and app. B)."""
+ELEMENT_BYTES = DTYPE_BYTES
+"""Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
+are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """What one device achieves for one precision, after the calibration's scales."""
+
+    matmul_flops_per_s: float
+    memory_bytes_per_s: float
+    kernel_launch_s: float
+    num_compute_units: int
+    element_bytes: int
+
+
+def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
+    scale = getattr(eff, f"{precision}_compute_scale") * eff.gemm_efficiency_scale
+    launch = hw.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
+    return DeviceRates(hw.matmul_flops[precision] * scale,
+                       hw.achievable_memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency, launch,
+                       hw.num_compute_units, ELEMENT_BYTES[precision])
+
+
+def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
+    return 2.0 * m * n * k * batch
+
+
+def _tile(dim: Batch) -> Batch:
+    """The tile edge a GEMM library picks for a dimension: the next power of two, 16 to 128."""
+    return np.clip(2.0 ** np.ceil(np.log2(np.maximum(dim, 1))), MIN_TILE_ELEMS, TILE_ELEMS)
+
+
+def gemm_s(m: Batch, n: Batch, k: Batch, batch: Batch, rates: DeviceRates) -> Batch:
+    """Device seconds of `batch` (m x k) @ (k x n) products: roofline with tile and wave quantization."""
+    tm, tn = _tile(m), _tile(n)
+    tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+    tiles = tiles_m * tiles_n * batch
+    units = rates.num_compute_units
+    waves = np.ceil(tiles / units)
+    useful = (m * n) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * units)
+    compute = gemm_flops(m, n, k, batch) / (rates.matmul_flops_per_s * useful)
+    memory = rates.element_bytes * batch * (m * k + k * n + m * n) / rates.memory_bytes_per_s
+    return np.maximum(compute, memory)
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Device seconds, kernel count and FLOPs of one part of a micro-step, forward and backward."""
+
+    forward_s: Batch
+    backward_s: Batch
+    forward_kernels: int
+    backward_kernels: int
+    forward_flops: Batch
+    backward_flops: Batch
+
+
+def _linear(tokens: Batch, n_in: float, n_out: float, rates: DeviceRates) -> tuple[Batch, Batch, Batch]:
+    """(forward s, backward s, forward FLOPs) of y = x W for x of tokens x n_in: backward is the input
+    gradient (tokens x n_out -> n_in) and the weight gradient (n_in x n_out, reduced over tokens)."""
+    fwd = gemm_s(tokens, n_out, n_in, 1, rates)
+    bwd = gemm_s(tokens, n_in, n_out, 1, rates) + gemm_s(n_in, n_out, tokens, 1, rates)
+    return fwd, bwd, gemm_flops(tokens, n_out, n_in)
+
+
+def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, Batch]:
+    """(forward s, backward s, forward FLOPs) of the score and context matmuls of the local heads."""
+    heads, d = b * model.num_heads / tp, model.head_dim
+    scores, context = gemm_s(s, s, d, heads, rates), gemm_s(s, d, s, heads, rates)
+    flops = gemm_flops(s, s, d, heads) + gemm_flops(s, d, s, heads)
+    if model.attention == "flash":
+        # one fused kernel: the same tensor-core work, but the s x s scores never reach memory
+        on_chip = dataclasses.replace(rates, memory_bytes_per_s=np.inf)
+        fused = gemm_s(s, s, d, heads, on_chip) + gemm_s(s, d, s, heads, on_chip)
+        return fused, FLASH_BACKWARD_PER_FORWARD * fused, flops
+    # d(probs) = d(context) V^T and dV = probs^T d(context); dQ = d(scores) K and dK = d(scores)^T Q
+    backward = gemm_s(s, s, d, heads, rates) + 3 * gemm_s(s, d, s, heads, rates)
+    return scores + context, backward, flops
+
+
+def _elementwise(elems: Batch, reads: float, writes: float, extra_bytes: Batch, rates: DeviceRates) -> Batch:
+    return (elems * (reads + writes) * rates.element_bytes + extra_bytes) / rates.memory_bytes_per_s
+
+
+def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates
+                      ) -> tuple[Batch, Batch, int, int]:
+    """(forward s, backward s, forward kernels, backward kernels) of a block's memory-bound ops."""
+    tokens = b * s
+    hidden, inner = tokens * model.hidden_size, tokens * model.ffn_hidden_size / tp
+    drop = 1 if model.dropout else 0
+    # two norms: read x, write y (backward reads x and dy, writes dx, and reduces dgamma / dbeta)
+    fwd, bwd = 2 * _elementwise(hidden, 1, 1, 0, rates), 2 * _elementwise(hidden, 3, 1, 0, rates)
+    kernels_f, kernels_b = 2, 4
+    # merging the heads is a copy; the activation is GELU, or SwiGLU's SiLU and product
+    fwd += _elementwise(hidden / tp, 1, 1, 0, rates)
+    bwd += _elementwise(hidden / tp, 1, 1, 0, rates)
+    if model.gated_mlp:
+        fwd += _elementwise(inner, 3, 2, 0, rates)
+        bwd += _elementwise(inner, 5, 2, 0, rates)
+        kernels_f, kernels_b = kernels_f + 3, kernels_b + 4
+    elif model.activation == "gelu_new":
+        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as eight eager ops: 10 reads and 8 writes of the
+        # MLP width forward; autograd runs each op's backward and sums x's three gradients (~14 reads, 10 writes)
+        fwd += _elementwise(inner, 10, 8, 0, rates)
+        bwd += _elementwise(inner, 14, 10, 0, rates)
+        kernels_f, kernels_b = kernels_f + 9, kernels_b + 13
+    else:
+        fwd += _elementwise(inner, 1, 1, 0, rates)
+        bwd += _elementwise(inner, 2, 1, 0, rates)
+        kernels_f, kernels_b = kernels_f + 2, kernels_b + 2
+    # after attention and after the MLP: dropout (a 1-byte mask) and the residual add
+    pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
+    fwd, bwd = fwd + 2 * pair, bwd + 2 * pair
+    kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
+    if model.attention == "eager":
+        # scale, mask (causal for a decoder, padding for an encoder), softmax and dropout over the scores
+        scores = b * model.num_heads / tp * s * s
+        passes = 3 + drop
+        fwd += _elementwise(scores, passes, passes, drop * scores, rates)
+        bwd += _elementwise(scores, passes + 1, passes, drop * scores, rates)
+        kernels_f, kernels_b = kernels_f + passes, kernels_b + passes
+    return fwd, bwd, kernels_f + 2, kernels_b + 2  # + bias adds the GEMM epilogue does not fuse
+
+
+def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:
+    """One transformer block on one tensor-parallel rank."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
+    tokens = b * s
+    ups = 2 if model.gated_mlp else 1
+    parts = [_linear(tokens, h, (h + 2 * kv) / tp, rates), _linear(tokens, h / tp, h, rates),
+             _linear(tokens, h, ups * f / tp, rates), _linear(tokens, f / tp, h, rates),
+             _attention(model, b, s, tp, rates)]
+    mem_f, mem_b, kernels_f, kernels_b = _block_memory_ops(model, b, s, tp, rates)
+    flops = sum(p[2] for p in parts)
+    gemm_kernels = 4 + (1 if model.attention == "flash" else 2)
+    return PhaseTimes(sum(p[0] for p in parts) + mem_f, sum(p[1] for p in parts) + mem_b,
+                      gemm_kernels + kernels_f, 2 * gemm_kernels + kernels_b, flops,
+                      BACKWARD_PER_FORWARD * flops)
+
+
+def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates, embedding: bool
+                ) -> PhaseTimes:
+    """Final norm, logits and loss (and the embedding when `embedding`): what runs outside the blocks."""
+    tokens = b * s
+    hidden = tokens * model.hidden_size
+    gathers = 1 + int(model.position_embedding == "learned") + int(model.type_vocab_size > 0)
+    norms = int(model.embedding_norm and embedding) + int(model.final_norm)
+    fwd, bwd = 0 * hidden, 0 * hidden  # two arrays: += below must not alias them
+    if embedding:  # gathers, the adds that sum them, their backward scatter-adds
+        fwd = _elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, 2 * (gathers - 1), gathers - 1, 0, rates)
+        bwd = _elementwise(hidden, gathers, gathers, 0, rates)
+    fwd += norms * _elementwise(hidden, 1, 1, 0, rates)
+    bwd += norms * _elementwise(hidden, 3, 1, 0, rates)
+    kernels_f = (2 * gathers - 1) * int(embedding) + norms
+    kernels_b = gathers * int(embedding) + 2 * norms
+    flops = 0 * hidden
+    if model.head == "lm":
+        logits = tokens * model.vocab_size / tp
+        f_s, b_s, flops = _linear(tokens, model.hidden_size, model.vocab_size / tp, rates)
+        # cross-entropy: a contiguous copy of the shifted logits and a log-softmax; backward the reverse
+        fwd += f_s + _elementwise(logits, 2, 2, 0, rates)
+        bwd += b_s + _elementwise(logits, 3, 2, 0, rates)
+        kernels_f, kernels_b = kernels_f + 4, kernels_b + 5
+    return PhaseTimes(fwd, bwd, kernels_f, kernels_b, flops, BACKWARD_PER_FORWARD * flops)

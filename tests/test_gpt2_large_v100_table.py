@@ -1,0 +1,57 @@
+"""Seed 002 / DeepSpeed's autotuning tutorial: GPT-2 large on one node of 16 V100-32GB, fp16, sequence 1024.
+
+Autotuner metric (samples/s), best experiment per stage (github microsoft/DeepSpeedExamples@83757d9c,
+training/autotuning/hf/gpt2-large/README.md; also data/measurements/published/ds_autotuning_hf_v100.jsonl):
+ZeRO-1 micro-batch 3: 87.3 > ZeRO-2 micro-batch 3: 77.8 > ZeRO-0 micro-batch 2: 59.0; ZeRO-3 did not run.
+GPT-2 large is in the test half of that data set (validate.accuracy.model_half): no default was chosen on it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from predictor import DSConfig, estimate
+from predictor.dsconfig import ZeroConfig
+from predictor.rank import rank
+from predictor.space import space_from_ds_config
+from tests.conftest import make_job
+
+MEASURED = {1: (3, 87.3017), 2: (3, 77.8338), 0: (2, 59.0229)}
+"""stage: (micro-batch, samples/s)"""
+DEEPSPEED_COSTS = ("ZeRO-0's fp16 optimizer and ZeRO-1/2/3's per-stage costs (gradient copies, reduce calls, "
+                   "ZeRO-3 hooks and per-tensor gathers) are the DeepSpeed-costs model's, built beside this one")
+
+
+@pytest.fixture(scope="module")
+def job():
+    return make_job("gpt2-large", "v100-32gb", 1, 16, 1024)
+
+
+def _throughput(job, stage: int) -> float:
+    micro_batch, _ = MEASURED[stage]
+    cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, precision="fp16", zero=ZeroConfig(stage=stage))
+    return estimate(job, cfg).throughput_samples_per_s
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_1_and_2_within_25_percent(job, stage: int) -> None:
+    assert _throughput(job, stage) == pytest.approx(MEASURED[stage][1], rel=0.25)
+
+
+@pytest.mark.xfail(strict=False, reason=DEEPSPEED_COSTS)
+def test_zero_0_within_25_percent(job) -> None:
+    assert _throughput(job, 0) == pytest.approx(MEASURED[0][1], rel=0.25)
+
+
+@pytest.mark.xfail(strict=False, reason=DEEPSPEED_COSTS)
+def test_measured_order_zero1_zero2_zero0(job) -> None:
+    assert _throughput(job, 1) > _throughput(job, 2) > _throughput(job, 0)
+
+
+@pytest.mark.xfail(strict=False, reason=DEEPSPEED_COSTS)
+def test_no_zero3_configuration_ranks_above_the_measured_ones(job) -> None:
+    space = space_from_ds_config({"fp16": {"enabled": True}}, world_size=16, hidden_size=job.model.hidden_size)
+    ranking = rank(job, space, top=None)
+    slowest_measured = min(_throughput(job, stage) for stage in MEASURED)
+    above = [r for r in ranking.entries if r.metric_value > slowest_measured]
+    assert above and all(r.estimate.config.zero.stage != 3 for r in above)
