@@ -1,90 +1,69 @@
-"""Fit the predictor's Efficiency parameters to measurements, and microbenchmarks to starting values.
+"""Fit the predictor's Efficiency parameters (declared in calibrate/params.py) to measurements.
 
-`fit` minimises, with bounded robust least squares (scipy.optimize.least_squares, soft_l1 loss so one
-bad run does not drag the fit), the residuals
-  log(predicted / measured) step time          for every status-ok measurement
-  log(predicted / measured) peak memory        where a measurement has it
-  a hinge log(capacity / predicted) + margin   for an OOM run predicted to fit, and the converse
-over the parameters the data can inform: a parameter whose finite-difference Jacobian column is ~0
-(inter-node figures on single-node data, overlap without overlap_comm, ...) keeps its base value.
+1. Rows of the same configuration (same model, hardware, layout, sequence length and ds_config) collapse to
+   one, with the median of their step times and memory figures: repeating a run is not new information, and
+   counted twice it would shrink the out-of-sample error that `tune` stops on.
+2. Identifiability: from the finite-difference Jacobian of the residuals at the start values, parameters are
+   taken in priority order (calibrate/params.py) while the data are sensitive to them and they move the
+   predictions in a direction the ones already taken do not (Gram-Schmidt; e.g. per-step and per-micro-step
+   overheads are one direction until gradient accumulation varies). At most one parameter per
+   CONFIGURATIONS_PER_PARAM distinct configurations is fitted; asked for named parameters, the fit takes up to
+   one per configuration and refuses more.
+3. Bounded robust least squares (scipy.optimize.least_squares, soft_l1 loss so one bad run does not drag the
+   fit) of log(predicted / measured) step time for every finished run, log(predicted / measured) peak memory
+   where measured, and a hinge log(capacity / predicted) + margin for an OOM predicted to fit (and the
+   converse); time and memory parameters are solved apart. A fit never makes the in-sample error worse.
+4. Out-of-sample error by leave-one-model-out when several models were measured (the transfer a profile
+   claims), else leave-one-configuration-out (grouped into at most _MAX_FOLDS folds); each fold repeats steps
+   2-3 on what it trains on. That error is the profile's uncertainty band.
 Failed and timed-out runs say nothing about the model and are left out.
-Scale-free parameters (efficiencies, sizes, rates, latencies) are fitted in log space.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import statistics
 from dataclasses import dataclass
 from datetime import date
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from calibrate.measurement import Measurement, to_record
-from calibrate.profile import CalibrationProfile, FitQuality, ResidualModel, Uncertainty
-from predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model
+from calibrate.params import PARAMS, PARAMS_BY_NAME, check_params, from_internal, to_internal
+from calibrate.profile import CalibrationProfile, FitQuality, Uncertainty
+from predictor import ClusterSpec, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model, to_ds_config
 from predictor.memory import estimate_memory
-from predictor.ops import device_rates, gemm_s
 from predictor.step_time import estimate_time
 
-__all__ = ["fit", "FitResult", "FitRow", "ParamSpec", "PARAM_SPECS", "make_profile", "fit_microbenchmarks",
-           "predicted_total_bytes"]
+__all__ = ["fit", "FitResult", "FitRow", "make_profile", "predicted_total_bytes", "collapse_duplicates",
+           "MIN_CONFIGURATIONS"]
 
-
-@dataclass(frozen=True)
-class ParamSpec:
-    lower: float
-    upper: float
-    log: bool
-    """Fitted as log(value): the parameter is scale-free and positive."""
-    scale: float = 1.0
-    """Linear parameters are fitted as value / scale, so every internal coordinate is of order one."""
-
-
-# Bounds are physical limits, not guesses of the answer: efficiencies in (0, 1] (bandwidth up to 1.5x
-# the catalog in case its datasheet figure is conservative), latencies 0.1 us - 10 ms, Adam traffic
-# between the 16 B it must read and ~10x the 30 B it does (Efficiency docstring).
-PARAM_SPECS: dict[str, ParamSpec] = {
-    "gemm_efficiency_scale": ParamSpec(1e-3, 1.5, log=True),
-    "memory_bandwidth_efficiency": ParamSpec(1e-3, 1.5, log=True),
-    "kernel_launch_s": ParamSpec(1e-7, 1e-2, log=True),
-    "intra_node_bandwidth_efficiency": ParamSpec(1e-3, 1.5, log=True),
-    "inter_node_bandwidth_efficiency": ParamSpec(1e-3, 1.5, log=True),
-    "intra_node_latency_s": ParamSpec(1e-7, 1e-2, log=True),
-    "inter_node_latency_s": ParamSpec(1e-7, 1e-2, log=True),
-    "overlap_efficiency": ParamSpec(0.0, 1.0, log=False),
-    "allocator_slack_fraction": ParamSpec(0.0, 1.0, log=False),
-    "runtime_reserved_bytes": ParamSpec(0.0, 64 * 2**30, log=False, scale=2**30),
-    "optimizer_bytes_per_param": ParamSpec(16.0, 300.0, log=True),
-    "host_optimizer_params_per_s": ParamSpec(1e6, 1e11, log=True),
-    "step_overhead_s": ParamSpec(0.0, 60.0, log=False, scale=0.1),
-    "micro_step_overhead_s": ParamSpec(0.0, 60.0, log=False, scale=0.1),
-    "grad_hook_s": ParamSpec(0.0, 1e-2, log=False, scale=1e-4),
-    "zero3_module_hook_s": ParamSpec(0.0, 1e-2, log=False, scale=1e-4),
-    "zero3_param_fetch_s": ParamSpec(0.0, 1e-2, log=False, scale=1e-4),
-    "collective_launch_s": ParamSpec(0.0, 1e-2, log=False, scale=1e-4),
-    "tensor_sync_check_s": ParamSpec(0.0, 1e-2, log=False, scale=1e-4),
-    "fp32_compute_scale": ParamSpec(1e-3, 10.0, log=True),
-    "fp16_compute_scale": ParamSpec(1e-3, 10.0, log=True),
-    "bf16_compute_scale": ParamSpec(1e-3, 10.0, log=True),
-}
-_SCALES = ("fp32_compute_scale", "fp16_compute_scale", "bf16_compute_scale")
-MEMORY_PARAMS = frozenset({"allocator_slack_fraction", "runtime_reserved_bytes"})
+MIN_CONFIGURATIONS = 2
+"""Distinct finished configurations a fit needs: one to fit, one to check it on."""
 # A parameter that moves no prediction by 0.1% when it changes by a factor e (or by one unit of scale)
 # cannot be told apart from noise: it is left at its base value.
 _SENSITIVITY_MIN = 1e-3
+# A parameter whose Jacobian column is less than this share outside the span of the columns already taken
+# moves predictions as they do: the data cannot tell it from them.
+_SEPARABLE_MIN = 0.05
+# Unnamed, at most one parameter per this many distinct configurations: fitting as many parameters as the
+# data can barely separate lets the weakly determined ones soak up model error (seen: from three rows of one
+# model, a per-micro-step overhead took 0.28 s and wrecked the transfer to the other models).
+CONFIGURATIONS_PER_PARAM = 2
 # Weak pull towards the base value (per internal unit): keeps directions the data barely informs
 # (e.g. latency vs bandwidth on large messages only) where they started instead of wandering.
 _PRIOR_WEIGHT = 0.01
-_MAX_FOLDS = 5
+_MAX_FOLDS = 10
 _HINGE_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
 class FitRow:
-    """One measurement: measured against predicted before and after the fit."""
+    """One distinct configuration: measured against predicted before and after the fit."""
 
     source: str
     status: str
@@ -132,6 +111,43 @@ def _predicted_peak(case: _Case, eff: Efficiency) -> float:
     return predicted_total_bytes(case.live_bytes, eff, hw) if hw.kind == "cpu" else case.live_bytes
 
 
+# -- distinct configurations ----------------------------------------------------------------------------
+
+def _configuration(m: Measurement) -> str:
+    return json.dumps([m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len,
+                       to_ds_config(m.config, m.world_size)], sort_keys=True)
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v]
+    return statistics.median(present) if present else None
+
+
+def _merge(rows: list[Measurement]) -> Measurement:
+    """One measurement of a configuration measured len(rows) times: a finished run wins over an OOM of the same
+    configuration (it did fit), with the medians of the finished runs' figures."""
+    if len(rows) == 1:
+        return rows[0]
+    ok = [m for m in rows if m.status == "ok" and m.measured_step_s]
+    first = (ok or rows)[0]
+    source = f"{first.source} (+{len(rows) - 1} rows of the same configuration)"
+    if not ok:
+        return dataclasses.replace(first, source=source)
+    step = _median(m.measured_step_s for m in ok)
+    assert step is not None
+    return dataclasses.replace(first, step_s=step, throughput_samples_per_s=first.samples_per_step / step,
+                               peak_memory_bytes=_median(m.peak_memory_bytes for m in ok),
+                               reserved_memory_bytes=_median(m.reserved_memory_bytes for m in ok), source=source)
+
+
+def collapse_duplicates(measurements: Sequence[Measurement]) -> list[Measurement]:
+    """One measurement per distinct configuration, in order of first appearance (see _merge)."""
+    groups: dict[str, list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault(_configuration(m), []).append(m)
+    return [_merge(rows) for rows in groups.values()]
+
+
 def _cases(measurements: Iterable[Measurement]) -> list[_Case]:
     models: dict[str, ModelSpec] = {}
     out = []
@@ -150,32 +166,35 @@ def _cases(measurements: Iterable[Measurement]) -> list[_Case]:
 
 def _start_value(name: str, base: Efficiency, hw: HardwareSpec) -> float:
     value = getattr(base, name)
-    if value is None:  # the override is unset: start from the catalog's figure
-        value = {"intra_node_latency_s": hw.intra_node_latency_s, "inter_node_latency_s": hw.inter_node_latency_s,
-                 "runtime_reserved_bytes": hw.runtime_reserved_bytes, "kernel_launch_s": hw.kernel_launch_s}[name]
-    spec = PARAM_SPECS[name]
-    return min(max(float(value), spec.lower), spec.upper)
+    if value is None:  # an override left unset: start from the catalog's figure of the same name
+        value = getattr(hw, name, None)
+        if value is None:
+            raise ValueError(f"Efficiency.{name} is None and hardware {hw.name} has no {name}; give the fit a "
+                             f"base value for it")
+    p = PARAMS_BY_NAME[name]
+    return min(max(float(value), p.lower), p.upper)
 
 
-def _to_x(name: str, value: float) -> float:
-    spec = PARAM_SPECS[name]
-    return math.log(value) if spec.log else value / spec.scale
-
-
-def _from_x(name: str, x: float) -> float:
-    spec = PARAM_SPECS[name]
-    return math.exp(x) if spec.log else x * spec.scale
+def _x0(names: Sequence[str], base: Efficiency, hw: HardwareSpec) -> np.ndarray:
+    return np.array([to_internal(PARAMS_BY_NAME[n], _start_value(n, base, hw)) for n in names], dtype=float)
 
 
 def _efficiency(base: Efficiency, names: Sequence[str], x: np.ndarray) -> Efficiency:
-    return dataclasses.replace(base, **{n: _from_x(n, float(v)) for n, v in zip(names, x)})
+    return dataclasses.replace(base, **{n: from_internal(PARAMS_BY_NAME[n], float(v)) for n, v in zip(names, x)})
 
 
 # -- residuals ------------------------------------------------------------------------------------------
 
+Residuals = Callable[[list[_Case], Efficiency], list[float]]
+
+
+def _finished(cases: list[_Case]) -> list[_Case]:
+    return [c for c in cases if c.m.status == "ok" and c.m.measured_step_s]
+
+
 def _time_residuals(cases: list[_Case], eff: Efficiency) -> list[float]:
-    return [math.log(estimate_time(c.job, c.m.config, eff).step_s / c.m.measured_step_s)
-            for c in cases if c.m.status == "ok" and c.m.measured_step_s]
+    return [math.log(estimate_time(c.job, c.m.config, eff).step_s / c.m.measured_step_s)  # type: ignore[operator]
+            for c in _finished(cases)]
 
 
 def _memory_residuals(cases: list[_Case], eff: Efficiency) -> list[float]:
@@ -196,63 +215,110 @@ def _memory_residuals(cases: list[_Case], eff: Efficiency) -> list[float]:
     return out
 
 
-def _residuals(cases: list[_Case], eff: Efficiency, names: Sequence[str]) -> np.ndarray:
-    time = _time_residuals(cases, eff) if set(names) - MEMORY_PARAMS else []
-    memory = _memory_residuals(cases, eff) if set(names) & MEMORY_PARAMS else []
-    return np.array(time + memory, dtype=float)
+def _memory_informed(cases: list[_Case]) -> int:
+    """Configurations that say something about memory: a measured figure or an out-of-memory run."""
+    return sum(bool(c.m.peak_memory_bytes or c.m.reserved_memory_bytes or c.m.status == "oom") for c in cases)
 
 
-def _sensitive(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray) -> tuple[list[str], dict]:
-    """The parameters whose finite-difference Jacobian column is not ~0 at the start."""
-    keep, skipped = [], {}
-    r0 = np.concatenate([_time_residuals(cases, _efficiency(base, names, x0)),
-                         _memory_residuals(cases, _efficiency(base, names, x0))])
+_GROUPS: tuple[tuple[str, Residuals, Callable[[list[_Case]], int]], ...] = (
+    ("time", _time_residuals, lambda cases: len(_finished(cases))),
+    ("memory", _memory_residuals, _memory_informed))
+
+
+# -- which parameters the data can tell apart -----------------------------------------------------------
+
+def _jacobian(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray,
+              residuals: Residuals) -> np.ndarray:
+    r0 = np.array(residuals(cases, _efficiency(base, names, x0)))
+    columns = []
     for i, name in enumerate(names):
-        step = 0.05 if PARAM_SPECS[name].log else 0.05 * max(abs(x0[i]), 1.0)
+        p = PARAMS_BY_NAME[name]
+        step = 0.05 if p.transform == "log" else 0.05 * max(abs(x0[i]), 1.0)
+        if from_internal(p, x0[i] + step) > p.upper:  # at the upper bound: probe downwards
+            step = -step
         x = x0.copy()
         x[i] += step
-        eff = _efficiency(base, names, x)
-        r = np.concatenate([_time_residuals(cases, eff), _memory_residuals(cases, eff)])
-        if r.size == 0 or np.max(np.abs(r - r0)) / step < _SENSITIVITY_MIN:
-            skipped[name] = "no measurement is sensitive to it"
+        columns.append((np.array(residuals(cases, _efficiency(base, names, x))) - r0) / step)
+    return np.column_stack(columns) if columns else np.zeros((r0.size, 0))
+
+
+def _separable(jacobian: np.ndarray, names: list[str], cap: int, num_configs: int) -> tuple[list[str], dict]:
+    """Parameters in priority order while sensitive, not in the span of those taken, and fewer than `cap`."""
+    kept: list[str] = []
+    basis: list[np.ndarray] = []
+    skipped: dict[str, str] = {}
+    for i, name in enumerate(names):
+        column, varied_by = jacobian[:, i], PARAMS_BY_NAME[name].varied_by
+        if column.size == 0 or np.max(np.abs(column)) < _SENSITIVITY_MIN:
+            skipped[name] = f"no measurement is sensitive to it; it needs {varied_by}"
+            continue
+        rest = column.copy()
+        for q in basis:
+            rest -= (q @ rest) * q
+        if np.linalg.norm(rest) < _SEPARABLE_MIN * np.linalg.norm(column):
+            skipped[name] = f"moves every prediction as {', '.join(kept)} do; telling them apart needs {varied_by}"
+        elif len(kept) >= cap:
+            skipped[name] = (f"{num_configs} distinct configurations support {cap} parameter(s); measure more "
+                             f"configurations")
         else:
-            keep.append(name)
-    return keep, skipped
+            basis.append(rest / np.linalg.norm(rest))
+            kept.append(name)
+    return kept, skipped
 
 
-def _solve(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray) -> np.ndarray:
-    if not names or not cases:
-        return x0
-    lower = np.array([_to_x(n, PARAM_SPECS[n].lower) for n in names])
-    upper = np.array([_to_x(n, PARAM_SPECS[n].upper) for n in names])
+def _solve(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray, residuals: Residuals
+           ) -> np.ndarray:
+    lower = np.array([to_internal(PARAMS_BY_NAME[n], PARAMS_BY_NAME[n].lower) for n in names])
+    upper = np.array([to_internal(PARAMS_BY_NAME[n], PARAMS_BY_NAME[n].upper) for n in names])
 
     def objective(x: np.ndarray) -> np.ndarray:
-        return np.concatenate([_residuals(cases, _efficiency(base, names, x), names), _PRIOR_WEIGHT * (x - x0)])
+        return np.concatenate([residuals(cases, _efficiency(base, names, x)), _PRIOR_WEIGHT * (x - x0)])
 
+    # dogbox: an overhead starts at its lower bound 0, where the default trust-region method's scaling
+    # takes near-zero steps and stops at once (seen: no movement from 3 rows 40% off).
     result = least_squares(objective, np.clip(x0, lower, upper), bounds=(lower, upper), loss="soft_l1",
-                           f_scale=0.1, diff_step=1e-3, max_nfev=200 * len(names))
+                           f_scale=0.1, diff_step=1e-3, max_nfev=200 * len(names), method="dogbox")
     return result.x
 
 
-def _fit_groups(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray) -> tuple[Efficiency, list]:
-    """Time and memory parameters touch disjoint residuals, so they are solved apart; a group whose own
-    in-sample error would get worse than at the start keeps its start values (a fit never makes things worse)."""
-    eff, notes = _efficiency(base, names, x0), []
-    for group, residuals in ((lambda n: n not in MEMORY_PARAMS, _time_residuals),
-                             (lambda n: n in MEMORY_PARAMS, _memory_residuals)):
-        idx = [i for i, n in enumerate(names) if group(n)]
-        sub = [names[i] for i in idx]
-        if not sub:
+@dataclass(frozen=True)
+class _Fitted:
+    efficiency: Efficiency
+    names: tuple[str, ...]
+    skipped: dict[str, str]
+    notes: tuple[str, ...]
+
+
+def _fit_cases(cases: list[_Case], base: Efficiency, names: Sequence[str], named: bool, strict: bool) -> _Fitted:
+    """Select (see _separable) and solve each group; `named`: the caller chose the parameters, so up to one
+    per configuration may be fitted (else one per CONFIGURATIONS_PER_PARAM); `strict`: naming more than there
+    are configurations is an error."""
+    hw = cases[0].job.cluster.hardware
+    eff, fitted, skipped, notes = base, [], {}, []
+    for target, residuals, count in _GROUPS:
+        group = [n for n in names if PARAMS_BY_NAME[n].target == target]
+        if not group:
             continue
-        x = _solve(cases, eff, sub, x0[idx])
-        trial = _efficiency(eff, sub, x)
+        num = count(cases)
+        if strict and len(group) > num:
+            raise ValueError(f"cannot fit {len(group)} {target} parameters ({', '.join(group)}) from {num} distinct "
+                             f"configurations; measure more configurations (more probes or rows) or fit fewer "
+                             f"parameters")
+        cap = num if named else num // CONFIGURATIONS_PER_PARAM
+        x0 = _x0(group, eff, hw)
+        kept, why = _separable(_jacobian(cases, eff, group, x0, residuals), group, cap, num)
+        skipped.update(why)
+        if not kept:
+            continue
+        x0 = _x0(kept, eff, hw)
+        trial = _efficiency(eff, kept, _solve(cases, eff, kept, x0, residuals))
         # Judged by mean |predicted / measured - 1|: for step times that is exactly the reported MAPE.
         before, after = np.array(residuals(cases, eff)), np.array(residuals(cases, trial))
         if np.mean(np.abs(np.expm1(after))) <= np.mean(np.abs(np.expm1(before))) + 1e-12:
-            eff = trial
+            eff, fitted = trial, fitted + kept
         else:
-            notes.append(f"fit of {', '.join(sub)} made the in-sample error worse; kept the start values")
-    return eff, notes
+            notes.append(f"fit of {', '.join(kept)} made the in-sample error worse; kept the start values")
+    return _Fitted(eff, tuple(fitted), skipped, tuple(notes))
 
 
 # -- quality --------------------------------------------------------------------------------------------
@@ -266,7 +332,7 @@ def _rms_log(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def _step_pairs(cases: list[_Case], effs: list[Efficiency]) -> list[tuple[float, float]]:
-    return [(estimate_time(c.job, c.m.config, e).step_s, c.m.measured_step_s)
+    return [(estimate_time(c.job, c.m.config, e).step_s, c.m.measured_step_s)  # type: ignore[misc]
             for c, e in zip(cases, effs) if c.m.status == "ok" and c.m.measured_step_s]
 
 
@@ -283,16 +349,28 @@ def _misclassified(cases: list[_Case], eff: Efficiency) -> int:
     return wrong
 
 
-def _out_of_sample(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray) -> list[Efficiency]:
-    """k-fold (leave-one-out up to _MAX_FOLDS cases): each case predicted by a fit that did not see it."""
-    k = min(len(cases), _MAX_FOLDS)
+def _folds(cases: list[_Case]) -> tuple[list[list[int]], str]:
+    """Leave-one-model-out when several models were measured, else leave-one-configuration-out, whole groups
+    dealt round-robin into at most _MAX_FOLDS folds."""
+    models = list(dict.fromkeys(c.m.model for c in cases))
+    by = "model" if len(models) > 1 else "configuration"
+    groups = [[i for i, c in enumerate(cases) if c.m.model == model] for model in models] if by == "model" \
+        else [[i] for i in range(len(cases))]
+    k = min(len(groups), _MAX_FOLDS)
+    return [[i for g in groups[fold::k] for i in g] for fold in range(k)], by
+
+
+def _out_of_sample(cases: list[_Case], base: Efficiency, names: Sequence[str], named: bool
+                   ) -> tuple[list[Efficiency], int, str]:
+    """Each case predicted by a fit (selection included) that did not see its fold."""
+    folds, by = _folds(cases)
     effs: list[Efficiency] = [base] * len(cases)
-    for fold in range(k):
-        train = [c for i, c in enumerate(cases) if i % k != fold]
-        eff, _ = _fit_groups(train, base, names, x0)
-        for i in range(fold, len(cases), k):
+    for held in folds:
+        train = [c for i, c in enumerate(cases) if i not in held]
+        eff = _fit_cases(train, base, names, named, strict=False).efficiency if _finished(train) else base
+        for i in held:
             effs[i] = eff
-    return effs
+    return effs, len(folds), by
 
 
 def _row(c: _Case, before: Efficiency, after: Efficiency) -> FitRow:
@@ -312,37 +390,35 @@ def _hardware_name(measurements: list[Measurement]) -> str:
     return names[0]
 
 
-def _identifiable(names: list[str], measurements: Sequence[Measurement]) -> list[str]:
-    """The compute curve and a per-precision scale move step time alike: the most measured precision is the
-    reference (its scale stays as it is) and only the others' scales are fitted, relative to it."""
-    counts: dict[str, int] = {}
-    for m in measurements:
-        if m.status == "ok":
-            counts[m.config.precision] = counts.get(m.config.precision, 0) + 1
-    reference = max(counts, key=lambda p: counts[p], default="fp32")
-    return [n for n in names if n not in _SCALES or (n != f"{reference}_compute_scale"
-                                                      and n.split("_")[0] in counts)]
+def _checked(measurements: Sequence[Measurement], params: Sequence[str] | None) -> tuple[list[Measurement], list]:
+    """The distinct configurations to fit and the parameter names, or a one-line error saying what is missing."""
+    check_params()
+    for name in params or ():
+        if name not in PARAMS_BY_NAME:
+            raise ValueError(f"cannot fit {name!r}; fittable parameters: {', '.join(PARAMS_BY_NAME)}")
+    usable = [m for m in measurements if m.status in ("ok", "oom")]
+    if not any(m.status == "ok" for m in usable):
+        raise ValueError("no measurement with status ok to fit; measure at least one run that finished")
+    _hardware_name(usable)
+    distinct = collapse_duplicates(usable)
+    finished = sum(m.status == "ok" for m in distinct)
+    if finished < MIN_CONFIGURATIONS:
+        raise ValueError(f"{finished} distinct finished configuration(s) in {len(usable)} rows; a fit needs at least "
+                         f"{MIN_CONFIGURATIONS} (one to fit, one to check): measure more configurations (more probes "
+                         f"or rows differing in stage, micro-batch or accumulation)")
+    return distinct, [p.name for p in PARAMS] if params is None else list(params)
 
 
 def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
-        params: Sequence[str] = tuple(PARAM_SPECS)) -> FitResult:
-    """Fit `params` of `base` to measurements of one hardware kind; see the module docstring."""
-    measurements = [m for m in measurements if m.status in ("ok", "oom")]
-    if not any(m.status == "ok" for m in measurements):
-        raise ValueError("no measurement with status ok to fit; measure at least one run that finished")
-    for name in params:
-        if name not in PARAM_SPECS:
-            raise ValueError(f"cannot fit {name!r}; fittable parameters: {', '.join(PARAM_SPECS)}")
-    _hardware_name(measurements)
-    cases = _cases(measurements)
-    hw = cases[0].job.cluster.hardware
-    names = _identifiable(list(params), measurements)
-    x0 = np.array([_to_x(n, _start_value(n, base, hw)) for n in names])
-    names, skipped = _sensitive(cases, base, names, x0)
-    x0 = np.array([_to_x(n, _start_value(n, base, hw)) for n in names])
-    eff, notes = _fit_groups(cases, base, names, x0)
-    held_out = _out_of_sample(cases, base, names, x0) if names else [base] * len(cases)
-    same = [base] * len(cases)
+        params: Sequence[str] | None = None) -> FitResult:
+    """Fit `params` (default: every declared parameter the data can separate) of `base` to measurements of one
+    hardware kind; see the module docstring."""
+    distinct, names = _checked(measurements, params)
+    named = params is not None
+    cases = _cases(distinct)
+    fitted = _fit_cases(cases, base, names, named, strict=named)
+    eff, same = fitted.efficiency, [base] * len(cases)
+    held_out, num_folds, by = _out_of_sample(cases, base, names, named)
     steps_oos, memory_oos = _step_pairs(cases, held_out), _memory_pairs(cases, held_out)
     quality = FitQuality(
         step_time_mape_before=_mape(_step_pairs(cases, same)),
@@ -352,15 +428,20 @@ def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
         peak_memory_mape_in_sample=_mape(_memory_pairs(cases, [eff] * len(cases))),
         peak_memory_mape_out_of_sample=_mape(memory_oos),
         num_step_time=len(steps_oos), num_peak_memory=len(memory_oos),
-        num_oom=sum(c.m.status == "oom" for c in cases), num_folds=min(len(cases), _MAX_FOLDS),
-        oom_misclassified_before=_misclassified(cases, base), oom_misclassified_after=_misclassified(cases, eff))
+        num_oom=sum(c.m.status == "oom" for c in cases), num_folds=num_folds,
+        oom_misclassified_before=_misclassified(cases, base), oom_misclassified_after=_misclassified(cases, eff),
+        held_out_by=by)
     uncertainty = Uncertainty(step_time_rel=_rms_log(steps_oos) or 0.0, peak_memory_rel=_rms_log(memory_oos))
-    return FitResult(eff, tuple(names), skipped, tuple(_row(c, base, eff) for c in cases), quality, uncertainty,
-                     tuple(notes))
+    usable = sum(m.status in ("ok", "oom") for m in measurements)
+    notes = fitted.notes + ((f"{usable} rows are {len(distinct)} distinct configurations; repeats were merged "
+                             f"(median) before fitting and before estimating the out-of-sample error",)
+                            if usable > len(distinct) else ())
+    return FitResult(eff, fitted.names, fitted.skipped, tuple(_row(c, base, eff) for c in cases), quality,
+                     uncertainty, notes)
 
 
 def make_profile(result: FitResult, measurements: Sequence[Measurement], environment: dict[str, Any],
-                 created: str | None = None, residual: ResidualModel | None = None) -> CalibrationProfile:
+                 created: str | None = None) -> CalibrationProfile:
     """The profile `predict` and `tune` read, from a fit and the measurements it was fitted on."""
     used = [m for m in measurements if m.status in ("ok", "oom")]
     return CalibrationProfile(
@@ -368,79 +449,4 @@ def make_profile(result: FitResult, measurements: Sequence[Measurement], environ
         fit_quality=result.quality,
         fitted_on={"count": len(used), "sources": sorted({m.source for m in used}),
                    "measurements": [to_record(m) for m in used]},
-        environment=dict(environment), created=created or date.today().isoformat(), residual=residual)
-
-
-# -- microbenchmarks -> starting values -----------------------------------------------------------------
-
-_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16",
-           "bf16": "bf16", "bfloat16": "bf16"}
-
-
-def _compute_curve(matmuls: list[dict[str, Any]], hw: HardwareSpec) -> dict[str, float]:
-    """gemm_efficiency_scale from matmul timings: the median, over the larger half of the benchmarked shapes
-    (the small ones time the host, not the GEMM), of predicted / measured seconds with ops.gemm_s at scale 1."""
-    ratios = []
-    for r in matmuls:
-        precision = _DTYPES.get(str(r["dtype"]))
-        if precision not in hw.matmul_flops or float(r.get("seconds", 0)) <= 0:
-            continue
-        rates = device_rates(hw, precision, Efficiency(gemm_efficiency_scale=1.0, memory_bandwidth_efficiency=1.0))
-        m, n, k = float(r["m"]), float(r["n"]), float(r["k"])
-        ratios.append((m * n * k, float(gemm_s(m, n, k, 1, rates)) / float(r["seconds"])))
-    if len(ratios) < 2:
-        return {}
-    large = sorted(ratios)[len(ratios) // 2:]
-    spec = PARAM_SPECS["gemm_efficiency_scale"]
-    return {"gemm_efficiency_scale": min(max(float(np.median([x for _, x in large])), spec.lower), spec.upper)}
-
-
-def _ring_steps(op: str, num_ranks: int) -> int:
-    """Ring steps of a collective, as predictor.step_time.collective_s counts them."""
-    return 2 * (num_ranks - 1) if op.replace("_", "").lower() == "allreduce" else num_ranks - 1
-
-
-def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float) -> dict[str, float]:
-    """Bandwidth efficiency from the larger half of the messages (bus bandwidth / catalog link bandwidth);
-    latency per ring step from the smallest messages once their bandwidth term is taken off."""
-    rows = sorted((r for r in collectives if r.get("link") == link and int(r.get("num_ranks", 1)) > 1),
-                  key=lambda r: float(r["bytes"]))
-    if not rows:
-        return {}
-    large = rows[len(rows) // 2:]
-    bus = float(np.median([float(r["bus_bandwidth_bytes_per_s"]) for r in large]))
-    out = {f"{link}_bandwidth_efficiency": min(bus / catalog_bandwidth, PARAM_SPECS[f"{link}_bandwidth_efficiency"].upper)}
-    smallest = [r for r in rows if float(r["bytes"]) == float(rows[0]["bytes"])]
-    latencies = []
-    for r in smallest:
-        steps = _ring_steps(str(r["op"]), int(r["num_ranks"]))
-        volume = float(r["bytes"]) * steps / int(r["num_ranks"])
-        latencies.append((float(r["seconds"]) - volume / bus) / steps)
-    spec = PARAM_SPECS[f"{link}_latency_s"]
-    out[f"{link}_latency_s"] = min(max(float(np.median(latencies)), spec.lower), spec.upper)
-    return out
-
-
-def fit_microbenchmarks(results: dict[str, Any], hardware: HardwareSpec, base: Efficiency = Efficiency()) -> Efficiency:
-    """Starting values for `fit` from microbenchmarks (calibrate.microbench's results dict).
-
-    Matmuls give the GEMM efficiency scale (see _compute_curve); collectives give each link's bandwidth efficiency
-    and latency; measured memory bandwidth rescales optimizer_bytes_per_param, because the predictor times
-    the optimizer step as bytes moved / the catalog's memory bandwidth. Host-to-device bandwidth has no
-    Efficiency parameter (offload uses the catalog figure) and is not used."""
-    if not isinstance(results, dict):
-        raise ValueError(f"microbenchmark results must be a JSON object, got {type(results).__name__}")
-    values: dict[str, float] = {}
-    try:
-        values.update(_compute_curve(list(results.get("matmul") or []), hardware))
-        collectives = list(results.get("collectives") or [])
-        values.update(_link(collectives, "intra_node", hardware.intra_node_bandwidth_bytes_per_s))
-        values.update(_link(collectives, "inter_node", hardware.inter_node_bandwidth_bytes_per_s))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"microbenchmark results: malformed entry ({exc!r}); re-run the microbenchmarks") from None
-    measured_bw = results.get("memory_bandwidth_bytes_per_s")
-    if isinstance(measured_bw, (int, float)) and measured_bw > 0:
-        spec = PARAM_SPECS["optimizer_bytes_per_param"]
-        scaled = base.optimizer_bytes_per_param * hardware.memory_bandwidth_bytes_per_s / float(measured_bw)
-        values["optimizer_bytes_per_param"] = min(max(scaled, spec.lower), spec.upper)
-    return dataclasses.replace(base, **values)
+        environment=dict(environment), created=created or date.today().isoformat())

@@ -3,8 +3,7 @@
 `predict` and `tune` read a profile to replace the uncalibrated Efficiency defaults. It is written as
 JSON (atomically, so a crash never leaves half a profile) and read strictly: an unknown key anywhere is
 an error naming the key and the nearest known one, because a misspelled Efficiency field would
-otherwise silently fall back to its default. A learned residual model, when there is one, lives in its
-library's own JSON/text format in a file next to the profile (never pickle).
+otherwise silently fall back to its default.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from calibrate.measurement import Measurement, from_record
 from predictor import Efficiency
 from predictor.catalog import data_dir, nearest
 
-__all__ = ["CalibrationProfile", "FitQuality", "Uncertainty", "ResidualModel", "save_profile", "load_profile",
+__all__ = ["CalibrationProfile", "FitQuality", "Uncertainty", "save_profile", "load_profile",
            "default_profile_path", "efficiency_from_dict", "profile_measurements", "PROFILE_FORMAT"]
 
 PROFILE_FORMAT = "zerotune-profile-1"
@@ -51,24 +50,13 @@ class FitQuality:
     num_peak_memory: int
     num_oom: int
     num_folds: int
-    """Folds of the out-of-sample estimate (leave-one-out when it equals num_step_time)."""
+    """Folds of the out-of-sample estimate (leave-one-out when it equals the number of groups held out)."""
     oom_misclassified_before: int = 0
     """Measurements whose fit-or-OOM outcome the model got wrong (OOM predicted to fit, or vice versa)."""
     oom_misclassified_after: int = 0
-
-
-@dataclass(frozen=True)
-class ResidualModel:
-    """A learned correction of log(measured / predicted) step time (calibrate.residual)."""
-
-    library: str
-    """'xgboost' or 'lightgbm'."""
-    feature_names: tuple[str, ...]
-    model_text: str
-    """The library's own JSON (xgboost) or text (lightgbm) model format."""
-    num_measurements: int
-    step_time_mape_in_sample_before: float
-    step_time_mape_in_sample_after: float
+    held_out_by: str = "configuration"
+    """What each fold holds out: 'model' (several models measured: the transfer a profile claims) or
+    'configuration' (repeats of one configuration are merged first, so a repeat never tests itself)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +72,6 @@ class CalibrationProfile:
     """torch / DeepSpeed / NCCL versions, device name and memory, date: as the caller measured them."""
     created: str = ""
     """ISO 8601 date the profile was made."""
-    residual: ResidualModel | None = None
 
 
 def profile_measurements(profile: CalibrationProfile) -> list[Measurement]:
@@ -94,11 +81,6 @@ def profile_measurements(profile: CalibrationProfile) -> list[Measurement]:
 
 def default_profile_path(hardware: str) -> Path:
     return data_dir() / "profiles" / f"{hardware}.json"
-
-
-def _residual_path(profile_path: Path, library: str) -> Path:
-    suffix = ".residual.json" if library == "xgboost" else ".residual.txt"
-    return profile_path.with_name(profile_path.stem + suffix)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -117,20 +99,12 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def save_profile(profile: CalibrationProfile, path: Path) -> None:
-    """JSON at `path`; a residual model goes to <stem>.residual.json (or .txt) beside it."""
-    path = Path(path)
     doc: dict[str, Any] = {"format": PROFILE_FORMAT, "hardware": profile.hardware, "created": profile.created,
                            "efficiency": dataclasses.asdict(profile.efficiency),
                            "uncertainty": dataclasses.asdict(profile.uncertainty),
                            "fit_quality": dataclasses.asdict(profile.fit_quality),
-                           "fitted_on": profile.fitted_on, "environment": profile.environment, "residual": None}
-    if profile.residual is not None:
-        model_path = _residual_path(path, profile.residual.library)
-        _atomic_write(model_path, profile.residual.model_text)
-        meta = {k: v for k, v in dataclasses.asdict(profile.residual).items() if k != "model_text"}
-        doc["residual"] = {**meta, "feature_names": list(profile.residual.feature_names),
-                           "model_file": model_path.name}
-    _atomic_write(path, json.dumps(doc, indent=1) + "\n")
+                           "fitted_on": profile.fitted_on, "environment": profile.environment}
+    _atomic_write(Path(path), json.dumps(doc, indent=1) + "\n")
 
 
 # -- strict reading -------------------------------------------------------------------------------------
@@ -168,18 +142,12 @@ def efficiency_from_dict(doc: Any, where: str = "efficiency") -> Efficiency:
     return Efficiency(**{k: (None if v is None else float(v)) for k, v in doc.items()})
 
 
-def _residual(doc: Any, profile_path: Path) -> ResidualModel | None:
-    if doc is None:
-        return None
-    known = [n for n in _names(ResidualModel) if n != "model_text"] + ["model_file"]
-    doc = _check_keys(f"{profile_path}: residual", doc, known, known)
-    model_path = profile_path.parent / str(doc["model_file"])
-    if not model_path.is_file():
-        raise ValueError(f"{profile_path}: residual model file {model_path} is missing; restore it or set "
-                         f"\"residual\": null")
-    values = {k: v for k, v in doc.items() if k != "model_file"}
-    values["feature_names"] = tuple(values["feature_names"])
-    return ResidualModel(model_text=model_path.read_text(), **values)
+def _no_residual(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Profiles written before the learned residual was removed carry "residual": null; that alone is accepted."""
+    if doc.get("residual", None) is not None:
+        raise ValueError(f"profile {path}: holds a learned residual, which zerotune no longer applies (it did not cut "
+                         f"the error on held-out models); set \"residual\": null or re-create the profile")
+    return {k: v for k, v in doc.items() if k != "residual"}
 
 
 def load_profile(path: Path) -> CalibrationProfile:
@@ -192,7 +160,8 @@ def load_profile(path: Path) -> CalibrationProfile:
         raise ValueError(f"profile {path}: malformed JSON ({exc.msg}, line {exc.lineno}); fix or re-create it") \
             from None
     top = ["format"] + [n for n in _names(CalibrationProfile)]
-    doc = _check_keys(f"profile {path}", doc, top, ["format"] + _required(CalibrationProfile))
+    doc = _check_keys(f"profile {path}", _no_residual(doc, path) if isinstance(doc, dict) else doc, top,
+                      ["format"] + _required(CalibrationProfile))
     if doc["format"] != PROFILE_FORMAT:
         raise ValueError(f"profile {path}: format {doc['format']!r} is not {PROFILE_FORMAT!r}; re-create it")
     unc = _check_keys(f"profile {path}: uncertainty", doc["uncertainty"], _names(Uncertainty),
@@ -208,5 +177,4 @@ def load_profile(path: Path) -> CalibrationProfile:
     return CalibrationProfile(
         hardware=str(doc["hardware"]), efficiency=efficiency_from_dict(doc["efficiency"], f"profile {path}: efficiency"),
         uncertainty=Uncertainty(**unc), fit_quality=FitQuality(**quality), fitted_on=fitted_on,
-        environment=dict(doc.get("environment") or {}), created=str(doc.get("created", "")),
-        residual=_residual(doc.get("residual"), path))
+        environment=dict(doc.get("environment") or {}), created=str(doc.get("created", "")))

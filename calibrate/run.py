@@ -72,7 +72,7 @@ def _probe_base(hw: Any) -> Any:
 
 def starting_efficiency(environment: dict[str, Any], hardware: str) -> Efficiency:
     """The fit starts from what the microbenchmarks say about this cluster, else from the defaults."""
-    from calibrate.fit import fit_microbenchmarks
+    from calibrate.starting import fit_microbenchmarks
     from predictor import load_hardware
     micro = environment.get("microbenchmarks")
     return fit_microbenchmarks(micro, load_hardware(hardware)) if micro else Efficiency()
@@ -129,7 +129,8 @@ def format_fit(cal: Calibration) -> str:
         lines.append(f"  {name:<36} kept ({why})")
     lines += ["", f"step time MAPE: before {_pct(q.step_time_mape_before)}, fitted in sample "
                   f"{_pct(q.step_time_mape_in_sample)}, out of sample {_pct(q.step_time_mape_out_of_sample)} "
-                  f"({q.num_step_time} runs, {q.num_folds} folds)",
+                  f"({q.num_step_time} distinct configurations, {q.num_folds} folds, each holding out whole "
+                  f"{q.held_out_by}s)",
               f"peak memory MAPE: before {_pct(q.peak_memory_mape_before)}, in sample "
               f"{_pct(q.peak_memory_mape_in_sample)}, out of sample {_pct(q.peak_memory_mape_out_of_sample)}",
               f"profile written: {cal.path}"]

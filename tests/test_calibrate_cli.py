@@ -60,3 +60,19 @@ def test_calibrate_mistakes_are_one_line(tmp_path: Path, args: list[str], needle
     run = zerotune("calibrate", *args, cwd=tmp_path)
     assert run.returncode == 2 and needle in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_refit_rebuilds_a_profile_whose_efficiency_names_a_dropped_field(tmp_path: Path) -> None:
+    """After a model change the shipped profiles are refitted from their own measurements (calibrate.refit)."""
+    from calibrate.refit import main as refit
+    path = tmp_path / "cpu.json"
+    doc = json.loads((REPO / "data" / "profiles" / "cpu.json").read_text())
+    doc["efficiency"]["compute_curve_of_an_old_model"] = 0.5  # a field no longer in Efficiency
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="unknown key 'compute_curve_of_an_old_model'"):
+        load_profile(path)
+    assert refit([str(path)]) == 0
+    profile = load_profile(path)
+    assert profile.fitted_on["count"] == doc["fitted_on"]["count"] and profile.environment == doc["environment"]
+    assert (tmp_path / "cpu.measurements.jsonl").is_file()
+    assert refit([str(tmp_path / "missing.json")]) == 2

@@ -7,8 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from calibrate.fit import fit, fit_microbenchmarks, predicted_total_bytes
+from calibrate.fit import MIN_CONFIGURATIONS, collapse_duplicates, fit, predicted_total_bytes
 from calibrate.measurement import Measurement
+from calibrate.params import PARAMS, Param, check_params
+from calibrate.starting import fit_microbenchmarks
 from predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
 from predictor.memory import estimate_memory
 from predictor.ops import device_rates, gemm_s
@@ -51,9 +53,13 @@ A100_PARAMS = ("gemm_efficiency_scale", "intra_node_bandwidth_efficiency",
 def test_fit_recovers_planted_a100_parameters_without_noise() -> None:
     data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2", "gpt2-medium"), 1024, 8, "fp16", noise=0.0, seed=1)
     result = fit(data, params=A100_PARAMS)
-    # Only the weak pull towards the start values (0.01 per log unit) keeps it from exact.
+    # Only the weak pull towards the start values (0.01 per log unit) keeps it from exact. The NVLink
+    # all-reduce and the optimizer step are a few percent of these steps beside DeepSpeed's host overheads
+    # (zero_mechanics.py), so the same pull moves them further: 0.485 for 0.5 and 43.7 for 45 when written.
+    tolerance = {"intra_node_bandwidth_efficiency": 0.05, "optimizer_bytes_per_param": 0.05}
     for name in A100_PARAMS:
-        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE_A100, name), rel=0.02), name
+        assert getattr(result.efficiency, name) == pytest.approx(getattr(TRUE_A100, name),
+                                                                 rel=tolerance.get(name, 0.02)), name
     # the planted GEMM scale sits at half the default (log distance 0.69): the pull leaves ~0.4% in sample
     assert result.quality.step_time_mape_in_sample < 0.006
 
@@ -66,7 +72,8 @@ def test_fit_recovers_compute_curve_through_noise(seed: int) -> None:
     data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2", "gpt2-medium"), 1024, 8, "fp16", noise=0.03, seed=seed)
     result = fit(data, params=A100_PARAMS)
     assert result.efficiency.gemm_efficiency_scale == pytest.approx(0.35, rel=0.05)
-    assert result.quality.step_time_mape_before > 0.15  # GEMMs are half to two thirds of these steps
+    # GEMMs are about half of these steps beside DeepSpeed's host overheads: 14-15% off before the fit
+    assert result.quality.step_time_mape_before > 0.12
     assert result.quality.step_time_mape_in_sample < 0.04
     assert result.quality.step_time_mape_out_of_sample < 0.05
     assert 0.015 < result.uncertainty.step_time_rel < 0.06
@@ -80,9 +87,13 @@ def test_fit_all_parameters_skips_what_single_node_data_cannot_inform() -> None:
                  "allocator_slack_fraction", "runtime_reserved_bytes"):
         assert name in result.skipped_params
         assert getattr(result.efficiency, name) == getattr(Efficiency(), name)
-    # Every parameter free: GEMM and memory-bound time both grow with the micro-batch and trade off, so the
-    # GEMM scale is only checked to move the right way; it comes back alone in the tests above.
-    assert result.efficiency.gemm_efficiency_scale < Efficiency().gemm_efficiency_scale
+    # One precision measured: its scale carries the GEMM rate (the shared GEMM scale is the same direction),
+    # and only the product is checked to move the right way; the GEMM scale comes back alone in the tests above.
+    eff = result.efficiency
+    assert eff.fp16_compute_scale * eff.gemm_efficiency_scale < Efficiency().gemm_efficiency_scale
+    assert "as fp16_compute_scale do" in result.skipped_params["gemm_efficiency_scale"]
+    for unmeasured in ("fp32_compute_scale", "bf16_compute_scale"):  # not measured: not moved
+        assert getattr(eff, unmeasured) == getattr(Efficiency(), unmeasured)
     assert result.quality.step_time_mape_in_sample < 0.04
 
 
@@ -157,6 +168,90 @@ def test_fit_rejects_mixed_hardware_and_unknown_parameters() -> None:
         fit([a100], params=("compute_eff",))
     with pytest.raises(ValueError, match="no measurement with status ok"):
         fit([_oom_case(5, "oom")])
+
+
+def test_one_configuration_repeated_is_still_one_and_cannot_be_fitted() -> None:
+    # Issue 16: `calibrate --from` fitted 4 parameters from a single row.
+    with pytest.raises(ValueError, match=f"1 distinct finished configuration\\(s\\) in 5 rows; a fit needs at "
+                                         f"least {MIN_CONFIGURATIONS} .*more probes or rows"):
+        fit([_oom_case(2, "ok")] * 5)
+
+
+def test_naming_more_parameters_than_configurations_is_refused() -> None:
+    data = [_oom_case(2, "ok"), _oom_case(4, "ok")]
+    with pytest.raises(ValueError, match="cannot fit 3 time parameters .* from 2 distinct configurations; measure "
+                                         "more configurations \\(more probes or rows\\)"):
+        fit(data, params=("fp16_compute_scale", "micro_step_overhead_s", "step_overhead_s"))
+    # Unnamed, the fit keeps one parameter per two configurations, in priority order, and says why.
+    result = fit(data)
+    assert result.fitted_params == ("fp16_compute_scale",)  # the measured precision's compute rate
+    assert "2 distinct configurations support 1 parameter" in result.skipped_params["micro_step_overhead_s"]
+
+
+def _noisy(seed: int) -> list[Measurement]:
+    return _synthetic(TRUE_A100, "a100-40gb", ("gpt2",), 1024, 8, "fp16", noise=0.1, seed=seed)[:6]
+
+
+def test_repeated_rows_are_merged_before_fitting_and_before_the_out_of_sample_error() -> None:
+    # Issue 16: the same 6 rows repeated 334 times cut the out-of-sample error from 30% to 9%, because every
+    # held-out row had its copies in the training folds.
+    rows = _noisy(seed=7)
+    once, repeated = fit(rows), fit(rows * 334)
+    assert len(collapse_duplicates(rows * 334)) == 6 and len(repeated.table) == 6
+    assert repeated.quality.step_time_mape_out_of_sample == pytest.approx(once.quality.step_time_mape_out_of_sample,
+                                                                          rel=1e-9)
+    assert repeated.uncertainty == once.uncertainty and repeated.efficiency == once.efficiency
+    assert any("2004 rows are 6 distinct configurations" in note for note in repeated.notes)
+
+
+def test_repeats_merge_to_the_median_and_a_finished_run_outweighs_an_oom() -> None:
+    a = _oom_case(2, "ok")
+    rows = [dataclasses.replace(a, step_s=s) for s in (1.0, 3.0, 2.0)] + [dataclasses.replace(a, status="oom",
+                                                                                                step_s=None)]
+    [merged] = collapse_duplicates(rows)
+    assert merged.status == "ok" and merged.step_s == 2.0 and "+3 rows of the same configuration" in merged.source
+
+
+def _overheads(gas_values: tuple[int, ...]) -> list[Measurement]:
+    true = dataclasses.replace(TRUE_A100, step_overhead_s=0.2, micro_step_overhead_s=0.03)
+    job = _job("gpt2", "a100-40gb", 1024, 8)
+    out = []
+    for micro_batch in (1, 4, 16):
+        for gas in gas_values:
+            cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=gas,
+                           precision="fp16").replace_zero(stage=1)
+            step = estimate(job, cfg, true).time.step_s
+            out.append(Measurement("gpt2", "a100-40gb", 1, 8, 1024, cfg, "ok", step_s=step, source=f"mb{micro_batch} gas{gas}"))
+    return out
+
+
+def test_per_step_and_per_micro_step_overheads_separate_only_when_accumulation_varies() -> None:
+    names = ("fp16_compute_scale", "micro_step_overhead_s", "step_overhead_s")
+    # Every run at accumulation 1: the two overheads are one direction; the later one is not fitted.
+    flat = fit(_overheads((1,)), base=TRUE_A100, params=names)
+    assert "step_overhead_s" not in flat.fitted_params
+    assert "gradient accumulation" in flat.skipped_params["step_overhead_s"]
+    # Accumulation 1 and 4: both come back (planted 0.2 s per step, 0.03 s per micro-step).
+    both = fit(_overheads((1, 4)), base=TRUE_A100, params=names)
+    assert set(both.fitted_params) == set(names)
+    assert both.efficiency.step_overhead_s == pytest.approx(0.2, rel=0.02)
+    assert both.efficiency.micro_step_overhead_s == pytest.approx(0.03, rel=0.02)
+
+
+def test_out_of_sample_error_holds_out_whole_models_when_there_are_several() -> None:
+    two = _synthetic(TRUE_A100, "a100-40gb", ("gpt2", "gpt2-medium"), 1024, 8, "fp16", noise=0.03, seed=1)
+    assert fit(two, params=A100_PARAMS).quality.held_out_by == "model"
+    assert fit(two, params=A100_PARAMS).quality.num_folds == 2
+    one = fit(two[:16], params=A100_PARAMS).quality
+    assert one.held_out_by == "configuration" and one.num_folds == 10  # 16 configurations dealt into 10 folds
+
+
+def test_every_declared_parameter_is_an_efficiency_field_and_a_wrong_one_is_named() -> None:
+    check_params()  # the shipped declaration
+    assert len({p.name for p in PARAMS}) == len(PARAMS)
+    with pytest.raises(ValueError, match="declares 'gemm_efficiency', which is not a field of "
+                                         "predictor.job.Efficiency; fix or remove that line"):
+        check_params([*PARAMS, Param("gemm_efficiency", "matmul shapes", 0.1, 1.0, "log")])
 
 
 def test_fit_microbenchmarks_maps_matmuls_collectives_and_memory_bandwidth() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from calibrate.fit import fit, make_profile
 from calibrate.measurement import Measurement
-from calibrate.profile import (CalibrationProfile, ResidualModel, default_profile_path, load_profile,
-                               profile_measurements, save_profile)
+from calibrate.profile import (CalibrationProfile, default_profile_path, load_profile, profile_measurements,
+                               save_profile)
 from predictor import DSConfig, Efficiency, estimate
 from tests.conftest import make_job
 
@@ -56,15 +56,12 @@ def test_round_trip_is_exact_and_leaves_no_temporary_files(profile: CalibrationP
     assert [m.config for m in profile_measurements(load_profile(path))] == [m.config for m in _measurements()]
 
 
-def test_residual_model_is_kept_beside_the_profile(profile: CalibrationProfile, tmp_path: Path) -> None:
-    residual = ResidualModel("xgboost", ("zero_stage",), '{"learner": {}}', 25, 0.1, 0.05)
-    path = tmp_path / "cpu.json"
-    save_profile(CalibrationProfile(**{**profile.__dict__, "residual": residual}), path)
-    assert (tmp_path / "cpu.residual.json").read_text() == '{"learner": {}}'
-    assert load_profile(path).residual == residual
-    (tmp_path / "cpu.residual.json").unlink()
-    with pytest.raises(ValueError, match="residual model file .*cpu.residual.json is missing"):
-        load_profile(path)
+def test_a_profile_from_before_the_residual_was_removed_loads_only_without_one(profile: CalibrationProfile,
+                                                                              tmp_path: Path) -> None:
+    path, doc = _saved(profile, tmp_path)
+    assert load_profile(_write(path, {**doc, "residual": None})) == profile
+    with pytest.raises(ValueError, match="holds a learned residual, which zerotune no longer applies"):
+        load_profile(_write(path, {**doc, "residual": {"library": "xgboost", "model_file": "x.residual.json"}}))
 
 
 @pytest.mark.parametrize("edit, message", [
