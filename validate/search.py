@@ -15,8 +15,8 @@ A measurement therefore corrects its own family most, the families that share a 
 rest through the shared part. The prior's total standard deviation is the ranking's band: the uncertainty's
 step_time_rel is the one-sided Z-sigma band, so before any measurement the optimistic bound is the ranking's
 (predictor.rank._band). When measurements show errors larger than the prior allowed (a wrong or uncalibrated
-model), every non-shared variance is inflated by the observed mean square over the prior's, so the bands of
-families not yet run widen with the evidence that the model is off.
+model), the shared variance is inflated by their mean square over the prior's, and every other term by their
+spread about their mean, so the bands of families not yet run widen with the evidence that families differ.
 
 Memory: one unknown scale r of the predicted peak (need = r x predicted), a priori within 1 -+ MEMORY_Z x
 memory_rel; a run that fits caps r, an OOM raises its floor. A configuration is runnable with the probability
@@ -26,7 +26,8 @@ and the limit moves when an experiment OOMs or fits where it was said not to.
 Choice: the first experiment is the best corrected prediction that more likely fits than not; afterwards the
 largest expected improvement over the measured best (Jones et al. 1998, eq. 15, on the log of the metric) times
 the probability of fitting, among configurations whose optimistic bound still beats the best. Stopping rule
-(as before): no configuration not yet run has an optimistic bound beating the measured best.
+(as before): no configuration not yet run has an optimistic bound beating the measured best (by more
+than the measurement noise, MIN_GAIN_REL).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ SHARES = {"shared": 0.5, "factor": 0.1, "family": 0.1, "mb": 0.1, "own": 0.05}
 the error is common to the cluster (compute efficiency), the rest spread over what configurations share."""
 NOISE_STD = 0.02
 """Measurement noise of a log step time (run-to-run spread of DeepSpeed's engine timers, a few percent)."""
+MIN_GAIN_REL = 0.02
+"""An experiment is worth running only if its optimistic bound beats the measured best by more than the
+measurement noise: a smaller win could not be told from noise anyway."""
 _FACTORS = ((0,), (1, 2), (3,), (4, 5))
 """The family key's positions of each factor: stage, offload (both devices), checkpointing, tp x pp."""
 
@@ -123,9 +127,17 @@ class Posterior:
 
 # -- the error model -------------------------------------------------------------------------------------------
 
-def _variances(uncertainty: Uncertainty, inflation: float) -> dict[str, float]:
-    total = (-math.log(max(1.0 - uncertainty.step_time_rel, 1e-6)) / BAND_Z) ** 2
-    return {term: share * total * (1.0 if term == "shared" else inflation) for term, share in SHARES.items()}
+def _prior_variance(uncertainty: Uncertainty) -> float:
+    return (-math.log(max(1.0 - uncertainty.step_time_rel, 1e-6)) / BAND_Z) ** 2
+
+
+def _variances(uncertainty: Uncertainty, errors: np.ndarray) -> dict[str, float]:
+    """Each term's prior variance, inflated where the measured errors exceed the prior: the shared term by
+    the errors' mean square, the others by their spread about their mean (what the shared term cannot explain)."""
+    total = _prior_variance(uncertainty)
+    shared = max(1.0, float(np.mean(errors ** 2)) / total) if len(errors) else 1.0
+    spread = max(1.0, float(np.var(errors)) / total) if len(errors) > 1 else 1.0
+    return {term: share * total * (shared if term == "shared" else spread) for term, share in SHARES.items()}
 
 
 def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, float]) -> np.ndarray:
@@ -149,19 +161,11 @@ def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.nda
     return fam_k[np.ix_(fam_a, fam_b)] + var["mb"] * same * np.exp(-0.5 * dist ** 2)
 
 
-def _inflation(errors: np.ndarray, uncertainty: Uncertainty) -> float:
-    """How much larger than the prior the observed errors are (1 when they are within it)."""
-    if not len(errors):
-        return 1.0
-    total = (-math.log(max(1.0 - uncertainty.step_time_rel, 1e-6)) / BAND_Z) ** 2
-    return max(1.0, float(np.mean(errors ** 2)) / total)
-
-
 def posterior(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> Posterior:
     """The corrected log step-time error of every candidate, given the measured ones."""
     ok = [o for o in observations if o.status == "ok" and o.step_s]
     errors = np.array([math.log(o.step_s / o.predicted_step_s) for o in ok])  # type: ignore[operator]
-    var = _variances(uncertainty, _inflation(errors, uncertainty))
+    var = _variances(uncertainty, errors)
     prior_std = math.sqrt(var["shared"] + len(_FACTORS) * var["factor"] + var["family"] + var["mb"] + var["own"])
     if not ok:
         return Posterior(np.zeros(len(cands)), np.full(len(cands), prior_std))
@@ -242,7 +246,7 @@ def _choice(cands: Candidates, index: int, goodness: np.ndarray, post: Posterior
 
 
 def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
-           done: np.ndarray, min_gain_rel: float = 0.0) -> Choice:
+           done: np.ndarray, min_gain_rel: float = MIN_GAIN_REL) -> Choice:
     """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
     post = posterior(cands, observations, uncertainty)
     p_fit = fit_probability(cands.memory_ratio, memory_bounds(observations, uncertainty))
