@@ -117,21 +117,30 @@ def _refuse_removed(doc: dict[str, Any]) -> None:
                              f"{_REMOVED_ISSUE}); remove it")
 
 
+_REWRITTEN = {"fp16": ("enabled",), "bf16": ("enabled",),
+              "activation_checkpointing": ("partition_activations", "cpu_checkpointing")}
+"""Keys of these sections that to_ds_config writes from the DSConfig (precision, checkpointing); a section's
+other keys are the user's and pass through."""
+
+
 def _untuned(doc: dict[str, Any]) -> dict[str, Any]:
     """The user's keys zerotune does not tune, sections kept as nested dicts: everything but the batch triple,
-    autotuning and the tuned zero_optimization keys (fp16 / bf16 / activation_checkpointing whole; to_ds_config
-    sets only their tuned keys on top)."""
+    autotuning, the tuned zero_optimization keys and the keys to_ds_config writes (_REWRITTEN). A section left
+    empty is dropped, so that writing a DSConfig and reading it back gives it again."""
     out = {k: v for k, v in doc.items() if k not in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                                      "gradient_accumulation_steps", "autotuning")}
-    zero = doc.get("zero_optimization")
+    for section, written in _REWRITTEN.items():
+        if isinstance(out.get(section), dict):
+            rest = {k: v for k, v in out.pop(section).items() if k not in written or v == AUTO}
+            out.update({section: rest} if rest else {})
+    zero = out.pop("zero_optimization", None)
     if isinstance(zero, dict):
         rest = {k: v for k, v in zero.items() if k not in TUNED_ZERO_KEYS and k not in ("offload_optimizer",
                                                                                        "offload_param")}
         for key in ("offload_optimizer", "offload_param"):
             extra = {k: v for k, v in (zero.get(key) or {}).items() if k not in ("device", "pin_memory")}
-            if extra:
-                rest[key] = extra
-        out["zero_optimization"] = rest
+            rest.update({key: extra} if extra else {})
+        out.update({"zero_optimization": rest} if rest else {})
     return out
 
 
@@ -553,13 +562,15 @@ def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
     })
     if cfg.pp_size > 1:
         out["pipeline"] = {**(out.get("pipeline") or {}), "stages": cfg.pp_size}
-    if cfg.precision != "fp32":
-        out[cfg.precision] = {**(out.get(cfg.precision) or {}), "enabled": True}
+    for precision in ("fp16", "bf16"):
+        user = out.get(precision)
+        if (user or cfg.precision == precision) and (user or {}).get("enabled") != AUTO:
+            out[precision] = {**(user or {}), "enabled": cfg.precision == precision}
     ckpt = cfg.activation_checkpointing
     if ckpt.enabled:
         out["activation_checkpointing"] = {**(out.get("activation_checkpointing") or {}),
                                            "partition_activations": ckpt.partition_activations,
                                            "cpu_checkpointing": ckpt.cpu_checkpointing}
     else:
-        out.pop("activation_checkpointing", None)
+        out.pop("activation_checkpointing", None)  # the section's presence switches checkpointing on
     return out

@@ -32,7 +32,7 @@ EVERY_SECTION: dict[str, Any] = {
     "gradient_predivide_factor": 1.0,
     "fp16": {"enabled": True, "auto_cast": False, "loss_scale": 0, "initial_scale_power": 12,
              "loss_scale_window": 500, "hysteresis": 3, "consecutive_hysteresis": True, "min_loss_scale": 2},
-    "bf16": {"enabled": False},
+    "bf16": {"enabled": False, "immediate_grad_update": True},
     "gradient_clipping": 1.0,
     "zero_optimization": {
         "stage": [1, 2], "contiguous_gradients": True, "overlap_comm": False, "reduce_scatter": True,
