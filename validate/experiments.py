@@ -120,10 +120,13 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
 def experiment_ds_config(cfg: DSConfig, world_size: int, autotuning: AutotuningConfig) -> dict[str, Any]:
     """The ds_config an experiment runs: the configuration, with DeepSpeed's engine measuring itself between
     start_profile_step and end_profile_step and exiting (runtime/engine.py _autotuning_exit); the launcher
-    points metric_path into the experiment's folder."""
+    points metric_path into the experiment's folder. steps_per_print is 1, so that the engine's ThroughputTimer
+    logs every step (calibrate.launch reads them to stop an experiment that cannot beat the best); every other
+    key is the user's (to_ds_config)."""
     doc = to_ds_config(cfg, world_size)
     doc["autotuning"] = {"enabled": True, "start_profile_step": autotuning.start_profile_step,
                          "end_profile_step": autotuning.end_profile_step, "metric": autotuning.metric}
+    doc["steps_per_print"] = 1  # the engine logs every step's throughput: what `tune` stops a slow run on
     return doc
 
 

@@ -61,6 +61,9 @@ NOISE_STD = 0.02
 MIN_GAIN_REL = 0.02
 """An experiment is worth running only if its optimistic bound beats the measured best by more than the
 measurement noise: a smaller win could not be told from noise anyway."""
+MEASURED = ("ok", "stopped")
+"""Statuses whose step time was measured (a stopped run for fewer steps): both correct the predictions and
+both fitted in memory; only ok runs compete for the optimum."""
 _FACTORS = ((0,), (1, 2), (3,), (4, 5))
 """The family key's positions of each factor: stage, offload (both devices), checkpointing, tp x pp."""
 
@@ -163,7 +166,7 @@ def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.nda
 
 def posterior(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> Posterior:
     """The corrected log step-time error of every candidate, given the measured ones."""
-    ok = [o for o in observations if o.status == "ok" and o.step_s]
+    ok = [o for o in observations if o.status in MEASURED and o.step_s]
     errors = np.array([math.log(o.step_s / o.predicted_step_s) for o in ok])  # type: ignore[operator]
     var = _variances(uncertainty, errors)
     prior_std = math.sqrt(var["shared"] + len(_FACTORS) * var["factor"] + var["family"] + var["mb"] + var["own"])
@@ -192,7 +195,7 @@ def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty)
     for o in observations:
         if o.memory_ratio <= 0:
             continue
-        if o.status == "ok":
+        if o.status in MEASURED:
             high = min(high, 1.0 / o.memory_ratio)
         elif o.status == "oom":
             low = max(low, 1.0 / o.memory_ratio)

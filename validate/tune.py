@@ -27,6 +27,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -37,12 +38,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from calibrate.launch import LaunchSpec, RunResult, deepspeed_command, free_port, launch
+from calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from calibrate.measurement import Measurement, append_jsonl
 from calibrate.profile import default_profile_path, load_profile
 from predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
 from predictor.dsconfig import AutotuningConfig
-from predictor.rank import Metric, SpaceTable, Uncertainty, evaluate_space, rank
+from predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space, rank
 from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from predictor.units import GIB
 from validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
@@ -56,13 +57,19 @@ from validate.results import (ExperimentResult, Layout, Prediction, best_result,
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
            "lr_advice", "measurement_of", "observation_of", "candidate_table", "run_experiment", "autotuning_of",
-           "profile_model", "load_profile_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K"]
+           "profile_model", "load_profile_for", "stop_rule_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K",
+           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
 
 Launcher = Callable[[LaunchSpec], RunResult]
 REPO = Path(__file__).resolve().parent.parent
 BUILTIN_SCRIPT = REPO / "calibrate" / "workload.py"
 BUILTIN_MODEL = "zt-gpt-small"
 BUILTIN_SEQ_LEN = 128
+EARLY_STOP_MIN_STEPS = 2
+"""Timed steps an experiment runs before it may be stopped early: one step can be a warm-up outlier."""
+EARLY_STOP_MARGIN = 0.05
+"""An experiment is stopped early only when even its fastest step is this much worse than the measured best
+(step times spread by a few percent from step to step)."""
 DEFAULT_TOP_K = 8
 """--top_k's default: a ceiling on experiments; the stopping rule usually ends the search well before it."""
 
@@ -182,7 +189,7 @@ def _nothing_fits(job: Job, space: SearchSpace, efficiency: Efficiency, uncertai
 
 
 def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
-    ok = result.status == "ok"
+    ok = result.status in ("ok", "stopped") and result.step_s is not None
     return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
                        num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
                        status=result.status, step_s=result.step_s if ok else None,
@@ -197,22 +204,49 @@ def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -
     memory = est.memory
     ratio = max(memory.total_bytes / memory.capacity_bytes,
                 memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))
-    ok = measurement.status == "ok"
+    ok = measurement.status in ("ok", "stopped")
     return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
                        est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None)
 
 
 # -- one experiment ----------------------------------------------------------------------------------------
 
-def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str]) -> LaunchSpec:
+def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],
+                 stop_rule: StopRule | None = None) -> LaunchSpec:
     return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
                       timeout_s=settings.timeout_s, script_args=tuple(args), num_gpus=settings.num_gpus,
                       num_nodes=settings.num_nodes if settings.hostfile else None, hostfile=settings.hostfile,
                       env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
-                      ds_config_flag=settings.command.ds_config_flag)
+                      ds_config_flag=settings.command.ds_config_flag, stop_rule=stop_rule)
+
+
+def _metric_of_step(metric: Metric, step_s: float, samples: int, flops: float) -> float:
+    return {"throughput": samples / step_s, "latency": step_s * 1e3, "flops": flops / step_s}[metric]
+
+
+def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: float) -> StopRule:
+    """Stop an experiment once EARLY_STOP_MIN_STEPS of its steps are timed and even its fastest step is more than
+    EARLY_STOP_MARGIN worse than the measured best: the median the full run would report cannot beat it."""
+    assert best.metric_value is not None
+    best_value = float(best.metric_value)
+
+    def rule(steps: tuple[float, ...]) -> str | None:
+        if len(steps) < EARLY_STOP_MIN_STEPS:
+            return None
+        value = _metric_of_step(metric, min(steps), samples, flops)
+        ratio = value / best_value if MAXIMISED[metric] else best_value / value
+        if ratio >= 1.0 - EARLY_STOP_MARGIN:
+            return None
+        return (f"stopped early after {len(steps)} timed steps: its fastest step ({min(steps):.4g} s, {metric} "
+                f"{value:.4g}) is {100 * (1 - ratio):.0f}% worse than the measured best ({best.name}, "
+                f"{best_value:.4g}), so it cannot beat it")
+    return rule
 
 
 def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, metric: Metric) -> ExperimentResult:
+    if run.status == "stopped":  # its partial step times still correct the predictions (validate.search)
+        step_s = statistics.median(run.step_times_s) if run.step_times_s else None
+        return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
     if run.status != "ok" or run.metrics is None:
         return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
     from predictor import estimate
@@ -226,8 +260,10 @@ def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, jo
 
 
 def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
-                   cfg: DSConfig, prediction: Prediction, launcher: Launcher) -> ExperimentResult:
-    """Run one configuration (or read back its earlier result) and record it in the layout."""
+                   cfg: DSConfig, prediction: Prediction, launcher: Launcher,
+                   best: ExperimentResult | None = None) -> ExperimentResult:
+    """Run one configuration (or read back its earlier result) and record it in the layout; with a measured
+    `best`, the run is stopped as soon as its steps show it cannot beat it (stop_rule_for)."""
     name, world = experiment_name(cfg), job.cluster.world_size
     ds_config = experiment_ds_config(cfg, world, at)
     args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
@@ -244,7 +280,12 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     exp.update(same_run)
     write_json_atomic(run_dir / "exp.json", exp)  # no result yet: an interrupted experiment is rerun
     try:
-        run = launcher(_launch_spec(settings, ds_config, run_dir, args))
+        rule = None
+        if best is not None:
+            from predictor import estimate
+            samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world)
+            rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu)
+        run = launcher(_launch_spec(settings, ds_config, run_dir, args, rule))
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
     result = _result(name, cfg, prediction, run, job, at.metric)
@@ -268,14 +309,16 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         log(f"zerotune tune: experiment {len(results) + 1} (at most {budget}) {experiment_name(cfg)} (predicted "
             f"{metric} {prediction.metric_value:.4g}, band {prediction.metric_low:.4g}-{prediction.metric_high:.4g}"
             + (f", fits with p={choice.fit_probability:.2f}" if choice.fit_probability < 1 else "") + ")")
-        result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher)
+        result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher,
+                                best_result(results, metric))
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
         cands = table.candidates
         return Observation(cands.families[cands.family[choice.index]], int(cands.micro_batch[choice.index]),
                            float(cands.step_s[choice.index]), float(cands.memory_ratio[choice.index]),
-                           result.status, result.step_s if result.status == "ok" else None, choice.index)
+                           result.status, result.step_s if result.status in ("ok", "stopped") else None,
+                           choice.index)
 
     initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
     _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs)
