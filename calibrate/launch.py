@@ -43,10 +43,14 @@ _NOISE = re.compile(r"^\s*$|\[launch\.py:|\[runner\.py:|sigkill_handler|^\s*[\^~
                     r"^\s*File \"|\[(INFO|WARNING|DEBUG)\]")
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*:|^[\w.]*Error$")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_TIMER_LINE = re.compile(r"time \(ms\) \| fwd: ([0-9.]+) \| bwd: ([0-9.]+) \|.*?\| step: ([0-9.]+)")
+"""The engine's global timers, printed by rank 0 at every optimizer step when wall_clock_breakdown is on
+(runtime/engine.py step -> timers.log(global_timers), utils/timer.py SynchronizedWallClockTimer.log, printed
+whatever the log level): forward, backward and optimizer milliseconds summed over the step's micro-steps, the
+same timers the engine's autotuning latency is computed from (runtime/engine.py _autotuning_exit)."""
 _THROUGHPUT_LINE = re.compile(r"global_step=(\d+), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec=([0-9.eE+-]+)")
-"""DeepSpeed's throughput line, logged by rank 0 every steps_per_print optimizer steps from the engine's
-ThroughputTimer (utils/timer.py ThroughputTimer.stop; runtime/engine.py step), for any script that trains through
-the engine: CurrSamplesPerSec is train_batch_size over the step's elapsed time."""
+"""The engine's ThroughputTimer line (utils/timer.py ThroughputTimer.stop), logged every steps_per_print steps
+when the log level is info: CurrSamplesPerSec is train_batch_size over the step's elapsed time."""
 POLL_S = 0.5
 """How often a run with a stop rule has its output read."""
 StopRule = Callable[[tuple[float, ...]], "str | None"]
@@ -76,8 +80,7 @@ class LaunchSpec:
     """How the script receives the config path."""
     stop_rule: StopRule | None = None
     """Read the run's step times while it runs and stop it as soon as this gives a reason (status "stopped").
-    The times come from DeepSpeed's throughput lines, so the ds_config should print every step
-    (steps_per_print 1)."""
+    The times come from the engine's timer lines, so the ds_config should set wall_clock_breakdown."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,11 @@ class RunResult:
 
 
 def step_times_s(stdout: str, train_batch_size: int) -> tuple[float, ...]:
-    """Seconds per optimizer step from DeepSpeed's throughput lines (_THROUGHPUT_LINE), one per step, in order."""
+    """Seconds per optimizer step, in order, from the engine's global timer lines (_TIMER_LINE), else from its
+    throughput lines (_THROUGHPUT_LINE)."""
+    timers = [sum(float(g) for g in m.groups()) / 1e3 for m in _TIMER_LINE.finditer(stdout)]
+    if timers:
+        return tuple(timers)
     times: dict[int, float] = {}
     for match in _THROUGHPUT_LINE.finditer(stdout):
         rate = float(match.group(2))
