@@ -15,8 +15,9 @@ A measurement therefore corrects its own family most, the families that share a 
 rest through the shared part. The prior's total standard deviation is the ranking's band: the uncertainty's
 step_time_rel is the one-sided Z-sigma band, so before any measurement the optimistic bound is the ranking's
 (predictor.rank._band). When measurements show errors larger than the prior allowed (a wrong or uncalibrated
-model), the shared variance is inflated by their mean square over the prior's, and every other term by their
-spread about their mean, so the bands of families not yet run widen with the evidence that families differ.
+model), the shared and per-factor variances are inflated by their mean square over the prior's (one error cannot
+tell whether the cluster or the stage is off) and the finer terms by their spread about their mean, so the bands
+of families not yet run widen with the evidence that the model is off.
 
 Memory: one unknown scale r of the predicted peak (need = r x predicted), a priori within 1 -+ MEMORY_Z x
 memory_rel; a run that fits caps r, an OOM raises its floor. A configuration is runnable with the probability
@@ -53,14 +54,15 @@ BAND_Z = 2.0
 """The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
 MEMORY_Z = 2.0
 """The memory scale's prior interval is 1 -+ MEMORY_Z x memory_rel."""
-SHARES = {"shared": 0.5, "factor": 0.1, "family": 0.1, "mb": 0.1, "own": 0.05}
+SHARES = {"shared": 0.5, "factor": 0.1, "family": 0.05, "mb": 0.05, "own": 0.02}
 """Each kernel term's share of the prior variance (each factor gets the factor share; 4 factors): most of
 the error is common to the cluster (compute efficiency), the rest spread over what configurations share."""
 NOISE_STD = 0.02
 """Measurement noise of a log step time (run-to-run spread of DeepSpeed's engine timers, a few percent)."""
-MIN_GAIN_REL = 0.02
-"""An experiment is worth running only if its optimistic bound beats the measured best by more than the
-measurement noise: a smaller win could not be told from noise anyway."""
+MIN_GAIN_REL = 0.05
+"""An experiment is worth running only if its optimistic bound beats the measured best by more than this: step
+times spread by a few percent between runs, so a smaller win could hardly be told from noise (the value is
+the one that kept the replay's choices within 3% of the best with the fewest experiments, benchmarks.replay)."""
 MEASURED = ("ok", "stopped")
 """Statuses whose step time was measured (a stopped run for fewer steps): both correct the predictions and
 both fitted in memory; only ok runs compete for the optimum."""
@@ -135,12 +137,14 @@ def _prior_variance(uncertainty: Uncertainty) -> float:
 
 
 def _variances(uncertainty: Uncertainty, errors: np.ndarray) -> dict[str, float]:
-    """Each term's prior variance, inflated where the measured errors exceed the prior: the shared term by
-    the errors' mean square, the others by their spread about their mean (what the shared term cannot explain)."""
+    """Each term's prior variance, inflated where the measured errors exceed the prior: the shared and the factor
+    terms by the errors' mean square (one large error may be the cluster's or its stage's: a measurement cannot
+    tell which, so both widen), the others by the errors' spread about their mean."""
     total = _prior_variance(uncertainty)
-    shared = max(1.0, float(np.mean(errors ** 2)) / total) if len(errors) else 1.0
+    square = max(1.0, float(np.mean(errors ** 2)) / total) if len(errors) else 1.0
     spread = max(1.0, float(np.var(errors)) / total) if len(errors) > 1 else 1.0
-    return {term: share * total * (shared if term == "shared" else spread) for term, share in SHARES.items()}
+    return {term: share * total * (square if term == "shared" else max(square, spread) if term == "factor"
+                                   else spread) for term, share in SHARES.items()}
 
 
 def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, float]) -> np.ndarray:
@@ -249,7 +253,7 @@ def _choice(cands: Candidates, index: int, goodness: np.ndarray, post: Posterior
 
 
 def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
-           done: np.ndarray, min_gain_rel: float = MIN_GAIN_REL) -> Choice:
+           done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
     """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
     post = posterior(cands, observations, uncertainty)
     p_fit = fit_probability(cands.memory_ratio, memory_bounds(observations, uncertainty))
@@ -264,7 +268,7 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
         score = np.where(pool, goodness if likely.any() else p_fit, -np.inf)
         return _choice(cands, int(np.argmax(score)), goodness, post, p_fit)
     bound = goodness + BAND_Z * post.std
-    can_beat = open_ & (bound > best + math.log1p(min_gain_rel))
+    can_beat = open_ & (bound > best + math.log1p(MIN_GAIN_REL if min_gain_rel is None else min_gain_rel))
     if not can_beat.any():
         top = int(np.argmax(np.where(open_, bound, -np.inf)))
         short = 100 * (1 - math.exp(bound[top] - best))
