@@ -54,7 +54,7 @@ BAND_Z = 2.0
 """The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
 MEMORY_Z = 2.0
 """The memory scale's prior interval is 1 -+ MEMORY_Z x memory_rel."""
-SHARES = {"shared": 0.5, "factor": 0.1, "family": 0.05, "mb": 0.05, "own": 0.02}
+SHARES = {"shared": 0.48, "factor": 0.1, "family": 0.05, "mb": 0.05, "own": 0.02}
 """Each kernel term's share of the prior variance (each factor gets the factor share; 4 factors): most of
 the error is common to the cluster (compute efficiency), the rest spread over what configurations share."""
 NOISE_STD = 0.02
@@ -68,6 +68,8 @@ MEASURED = ("ok", "stopped")
 both fitted in memory; only ok runs compete for the optimum."""
 _FACTORS = ((0,), (1, 2), (3,), (4, 5))
 """The family key's positions of each factor: stage, offload (both devices), checkpointing, tp x pp."""
+assert abs(SHARES["shared"] + len(_FACTORS) * SHARES["factor"] + SHARES["family"] + SHARES["mb"] + SHARES["own"]
+           - 1.0) < 1e-9, "the kernel's shares must make up the prior variance"
 
 
 def family_of(cfg: DSConfig) -> FamilyKey:
