@@ -59,6 +59,12 @@ def test_memory_limit_moves_on_oom_and_on_fits() -> None:
     oom = memory_bounds([_observe(cands, 5, 0.0, "oom")], U)  # said to need 95%, and it ran out
     assert oom[0] == pytest.approx(1 / 0.95)
     assert fit_probability(np.array([1.15]), oom)[0] == 0.0 and fit_probability(np.array([0.5]), oom)[0] == 1.0
+    far = memory_bounds([_observe(cands, 0, 0.0, "oom")], U)  # an OOM at half the predicted limit
+    assert far[0] == pytest.approx(1.2)  # moves the floor to the prior's far edge, no further
+    done = np.zeros(len(cands), dtype=bool)
+    done[2] = True
+    after = choose(cands, [_observe(cands, 2, 0.0, "oom")], U, done)  # family 1's micro-batch 4 ran out
+    assert after.index not in (2, 3)  # so its micro-batch 8 is not tried
 
 
 def test_given_measurements_correct_but_are_not_experiments() -> None:

@@ -20,7 +20,8 @@ tell whether the cluster or the stage is off) and the finer terms by their sprea
 of families not yet run widen with the evidence that the model is off.
 
 Memory: one unknown scale r of the predicted peak (need = r x predicted), a priori within 1 -+ MEMORY_Z x
-memory_rel; a run that fits caps r, an OOM raises its floor. A configuration is runnable with the probability
+memory_rel; a run that fits caps r, an OOM raises its floor; within a family an OOM also rules out the larger
+micro-batches and a fit vouches for the smaller ones. A configuration is runnable with the probability
 that r keeps it under capacity (uniform in log r), so micro-batches near the predicted limit stay candidates
 and the limit moves when an experiment OOMs or fits where it was said not to.
 
@@ -197,15 +198,33 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
 
 def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty) -> tuple[float, float]:
     """(lowest, highest) scale r of predicted peak memory that the runs so far allow."""
-    low, high = 1.0 - MEMORY_Z * uncertainty.memory_rel, 1.0 + MEMORY_Z * uncertainty.memory_rel
+    prior_low, prior_high = 1.0 - MEMORY_Z * uncertainty.memory_rel, 1.0 + MEMORY_Z * uncertainty.memory_rel
+    low, high = prior_low, prior_high
     for o in observations:
         if o.memory_ratio <= 0:
             continue
+        # a run moves an edge, but not past the other prior edge: an OOM far below the predicted limit says more
+        # about that run (another process, the host) than about the memory model everywhere
         if o.status in MEASURED:
-            high = min(high, 1.0 / o.memory_ratio)
+            high = min(high, max(1.0 / o.memory_ratio, prior_low))
         elif o.status == "oom":
-            low = max(low, 1.0 / o.memory_ratio)
+            low = max(low, min(1.0 / o.memory_ratio, prior_high))
     return (low, high) if low <= high else (high, low)  # contradicting runs (allocator noise): keep both edges
+
+
+def _monotone(cands: Candidates, observations: Sequence[Observation], p_fit: np.ndarray) -> np.ndarray:
+    """Within a family memory grows with micro-batch: an OOM rules out its family's larger micro-batches, a run
+    that fitted vouches for the smaller ones."""
+    p_fit = p_fit.copy()
+    for o in observations:
+        if o.family not in cands.families:
+            continue
+        same = cands.family == cands.families.index(o.family)
+        if o.status == "oom":
+            p_fit[same & (cands.micro_batch >= o.micro_batch)] = 0.0
+        elif o.status in MEASURED:
+            p_fit[same & (cands.micro_batch <= o.micro_batch)] = 1.0
+    return p_fit
 
 
 def fit_probability(memory_ratio: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
@@ -258,7 +277,8 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
            done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
     """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
     post = posterior(cands, observations, uncertainty)
-    p_fit = fit_probability(cands.memory_ratio, memory_bounds(observations, uncertainty))
+    p_fit = _monotone(cands, observations, fit_probability(cands.memory_ratio, memory_bounds(observations,
+                                                                                          uncertainty)))
     goodness = cands.gain - np.log(cands.step_s) - post.mean
     open_ = ~done & (p_fit > 0)
     if not open_.any():
