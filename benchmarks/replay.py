@@ -34,10 +34,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from calibrate.measurement import Measurement, Status, read_jsonl
-from predictor import DSConfig, Efficiency, Job, estimate, experiment_name
+from calibrate.measurement import Status, read_jsonl
+from predictor import DSConfig, Job, estimate, experiment_name
 from predictor.catalog import data_dir
-from predictor.rank import Uncertainty
 from validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
 from validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from validate.plan import build_job

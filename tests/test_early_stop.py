@@ -13,6 +13,7 @@ from calibrate.launch import LaunchSpec, RunResult, free_port, launch, step_time
 from calibrate.measurement import read_jsonl
 from predictor import experiment_name, parse_ds_config
 from validate.experiments import UserCommand
+from predictor.dsconfig import AutotuningConfig
 from validate.results import ExperimentResult, Prediction
 from validate.tune import BUILTIN_SCRIPT, EARLY_STOP_MARGIN, TuneSettings, stop_rule_for, tune
 
@@ -41,13 +42,16 @@ def test_step_times_come_from_the_engines_timer_lines_else_its_throughput_lines(
     assert step_times_s("noise\n" + LINES, 4) == pytest.approx((4 / 20.0, 4 / 16.0))
 
 
-def test_the_rule_waits_for_two_steps_and_stops_only_what_cannot_win() -> None:
-    rule = stop_rule_for(_best(100.0), "throughput", samples=10, flops=1.0)
-    assert rule((0.2,)) is None  # one step says nothing yet
-    assert rule((0.2, 0.2)) is not None and "cannot beat" in rule((0.2, 0.2))  # 50 samples/s against 100
-    assert rule((0.2, 0.1 / (1 - EARLY_STOP_MARGIN / 2))) is None  # its fastest step is within the margin
-    latency = stop_rule_for(_best(50.0), "latency", samples=10, flops=1.0)  # ms per step, minimised
-    assert latency((0.04, 0.045)) is None and latency((0.08, 0.09)) is not None
+def test_the_rule_skips_warm_up_waits_for_two_steps_and_stops_only_what_cannot_win() -> None:
+    at = AutotuningConfig(start_profile_step=2, end_profile_step=6)  # steps 0-1 warm up, 5 are measured
+    rule = stop_rule_for(_best(100.0), "throughput", samples=10, flops=1.0, at=at)
+    assert rule((0.2, 0.2)) is None  # warm-up steps say nothing
+    assert rule((0.2, 0.2, 0.2)) is None  # one measured step is not enough
+    assert rule((1.0, 1.0, 0.2, 0.2)) is not None and "cannot beat" in rule((1.0, 1.0, 0.2, 0.2))  # 50 vs 100 /s
+    assert rule((1.0, 1.0, 0.2, 0.1 / (1 - EARLY_STOP_MARGIN / 2))) is None  # its fastest is within the margin
+    assert rule((1.0, 1.0) + (0.2,) * 5) is None  # its whole window is timed: let it write its metrics
+    latency = stop_rule_for(_best(50.0), "latency", samples=10, flops=1.0, at=at)  # ms per step, minimised
+    assert latency((1, 1, 0.04, 0.045)) is None and latency((1, 1, 0.08, 0.09)) is not None
 
 
 def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
@@ -60,7 +64,7 @@ def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         step = 0.01 if len(calls) == 1 else 0.1  # the first experiment is far faster than any other
         if spec.stop_rule is not None:
-            for n in range(1, 6):  # the run's steps as they are logged, one by one
+            for n in range(1, 6):  # the run's steps as they are logged, one by one (window: steps 3-5)
                 reason = spec.stop_rule((step,) * n)
                 if reason:
                     return RunResult("stopped", reason, None, 0.5, spec.run_dir, None, (step,) * n)

@@ -41,13 +41,16 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import ndtr
 
-from calibrate.measurement import Status
+from calibrate.measurement import Measurement, Status
 from predictor.dsconfig import DSConfig
-from predictor.rank import MAXIMISED, Metric, Uncertainty
+from predictor.job import Efficiency, Job
+from predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space
+from predictor.space import SearchSpace
+from validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
-           "measured_best", "BAND_Z", "MEMORY_Z"]
+           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "BAND_Z", "MEMORY_Z"]
 
 FamilyKey = tuple[int, str, str, bool, int, int]
 """(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""
@@ -318,3 +321,51 @@ def run_search(cands: Candidates, uncertainty: Uncertainty, budget: int,
         observations.append(observation)
         ran.append(observation)
     return ran, None
+
+
+# -- the space of `tune` as candidates ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SearchTable:
+    """The space as the search sees it: validate.search.Candidates and the configuration behind each index."""
+
+    table: SpaceTable
+    candidates: Candidates
+    model_flops_per_gpu: np.ndarray
+
+    def config(self, index: int) -> DSConfig:
+        return self.table.config(*divmod(index, self.table.micro_batch.shape[0]))
+
+
+def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric: Metric) -> SearchTable:
+    """Every configuration of the space with its prediction, flattened (variant-major, as rank orders ties)."""
+    table = evaluate_space(job, space, efficiency)
+    hw = job.cluster.hardware
+    ratio = np.maximum(table.memory_bytes / hw.memory_bytes, table.host_bytes_per_node / hw.host_memory_bytes)
+    families = [family_of(v) for v in table.variants]
+    keys = tuple(dict.fromkeys(families))
+    family = np.repeat(np.array([keys.index(f) for f in families]), table.micro_batch.shape[0])
+    flops = np.asarray(table.model_flops_per_gpu, dtype=float).ravel()
+    samples = np.asarray(table.samples_per_step, dtype=float).ravel()
+    cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
+                       ratio.ravel(), metric_gain(metric, samples, flops))
+    return SearchTable(table, cands, flops)
+
+
+def prediction_of(choice: Choice, metric: Metric, memory_bytes: float) -> Prediction:
+    """The search's corrected prediction in the metric's unit; the band is the optimistic-pessimistic range."""
+    value = metric_of_goodness(metric, choice.goodness)
+    ends = sorted((metric_of_goodness(metric, choice.goodness_low), metric_of_goodness(metric, choice.goodness_high)))
+    return Prediction(choice.step_s, value, ends[0], ends[1], memory_bytes)
+
+
+def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
+    """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
+    from predictor import estimate
+    est = estimate(job, measurement.config, efficiency)
+    memory = est.memory
+    ratio = max(memory.total_bytes / memory.capacity_bytes,
+                memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))
+    ok = measurement.status in ("ok", "stopped")
+    return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
+                       est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None)

@@ -23,7 +23,6 @@ interrupted tune resumes it and skips what finished; `metric: latency` is minimi
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import shutil
@@ -36,27 +35,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
-
 from calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from calibrate.measurement import Measurement, append_jsonl
 from calibrate.profile import default_profile_path, load_profile
 from predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
 from predictor.dsconfig import AutotuningConfig
-from predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space, rank
+from predictor.rank import MAXIMISED, Metric, Uncertainty, evaluate_space, rank
 from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from predictor.units import GIB
 from validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
 from validate.plan import build_job
-from validate.search import (Candidates, Choice, Observation, family_of, fit_probability, memory_bounds,
-                             metric_gain, metric_of_goodness, run_search)
+from validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
+                             observation_of, prediction_of, run_search)
 from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
-           "lr_advice", "measurement_of", "observation_of", "candidate_table", "run_experiment", "autotuning_of",
+           "lr_advice", "measurement_of", "run_experiment", "autotuning_of",
            "profile_model", "load_profile_for", "stop_rule_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K",
            "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
 
@@ -144,41 +141,7 @@ def load_profile_for(hardware: str, given: Path | None = None) -> tuple[Efficien
     return profile.efficiency, Uncertainty(rel.step_time_rel, rel.peak_memory_rel or Uncertainty().memory_rel)
 
 
-# -- the candidates and their predictions ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Table:
-    """The space as the search sees it: validate.search.Candidates and the configuration behind each index."""
-
-    table: SpaceTable
-    candidates: Candidates
-    model_flops_per_gpu: np.ndarray
-
-    def config(self, index: int) -> DSConfig:
-        return self.table.config(*divmod(index, self.table.micro_batch.shape[0]))
-
-
-def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric: Metric) -> _Table:
-    """Every configuration of the space with its prediction, flattened (variant-major, as rank orders ties)."""
-    table = evaluate_space(job, space, efficiency)
-    hw = job.cluster.hardware
-    ratio = np.maximum(table.memory_bytes / hw.memory_bytes, table.host_bytes_per_node / hw.host_memory_bytes)
-    families = [family_of(v) for v in table.variants]
-    keys = tuple(dict.fromkeys(families))
-    family = np.repeat(np.array([keys.index(f) for f in families]), table.micro_batch.shape[0])
-    flops = np.asarray(table.model_flops_per_gpu, dtype=float).ravel()
-    samples = np.asarray(table.samples_per_step, dtype=float).ravel()
-    cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
-                       ratio.ravel(), metric_gain(metric, samples, flops))
-    return _Table(table, cands, flops)
-
-
-def _prediction(choice: Choice, metric: Metric, memory_bytes: float) -> Prediction:
-    """The search's corrected prediction in the metric's unit; the band is the optimistic-pessimistic range."""
-    value = metric_of_goodness(metric, choice.goodness)
-    ends = sorted((metric_of_goodness(metric, choice.goodness_low), metric_of_goodness(metric, choice.goodness_high)))
-    return Prediction(choice.step_s, value, ends[0], ends[1], memory_bytes)
-
+# -- predictions and measurements ---------------------------------------------------------------------
 
 def _nothing_fits(job: Job, space: SearchSpace, efficiency: Efficiency, uncertainty: Uncertainty) -> ValueError:
     least = rank(job, space, efficiency, "throughput", 1, 0.0, uncertainty).least_memory
@@ -197,18 +160,6 @@ def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, l
                        source=str(layout.run_dir(result.name)), reason=result.reason)
 
 
-def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
-    """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
-    from predictor import estimate
-    est = estimate(job, measurement.config, efficiency)
-    memory = est.memory
-    ratio = max(memory.total_bytes / memory.capacity_bytes,
-                memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))
-    ok = measurement.status in ("ok", "stopped")
-    return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
-                       est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None)
-
-
 # -- one experiment ----------------------------------------------------------------------------------------
 
 def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],
@@ -224,21 +175,26 @@ def _metric_of_step(metric: Metric, step_s: float, samples: int, flops: float) -
     return {"throughput": samples / step_s, "latency": step_s * 1e3, "flops": flops / step_s}[metric]
 
 
-def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: float) -> StopRule:
-    """Stop an experiment once EARLY_STOP_MIN_STEPS of its steps are timed and even its fastest step is more than
-    EARLY_STOP_MARGIN worse than the measured best: the median the full run would report cannot beat it."""
+def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: float,
+                  at: AutotuningConfig) -> StopRule:
+    """Stop an experiment once EARLY_STOP_MIN_STEPS steps of the engine's measuring window (start_profile_step to
+    end_profile_step; the steps before it are warm-up) are timed and even the fastest is more than EARLY_STOP_MARGIN
+    worse than the measured best: the mean the full run would report cannot beat it. A run whose whole window
+    is timed is finishing anyway and is left to write its metrics."""
     assert best.metric_value is not None
     best_value = float(best.metric_value)
+    window = at.end_profile_step - at.start_profile_step + 1
 
     def rule(steps: tuple[float, ...]) -> str | None:
-        if len(steps) < EARLY_STOP_MIN_STEPS:
+        timed = steps[at.start_profile_step:]
+        if not EARLY_STOP_MIN_STEPS <= len(timed) < window:
             return None
-        value = _metric_of_step(metric, min(steps), samples, flops)
+        value = _metric_of_step(metric, min(timed), samples, flops)
         ratio = value / best_value if MAXIMISED[metric] else best_value / value
         if ratio >= 1.0 - EARLY_STOP_MARGIN:
             return None
-        return (f"stopped early after {len(steps)} timed steps: its fastest step ({min(steps):.4g} s, {metric} "
-                f"{value:.4g}) is {100 * (1 - ratio):.0f}% worse than the measured best ({best.name}, "
+        return (f"stopped early after {len(timed)} of {window} timed steps: its fastest ({min(timed):.4g} s, "
+                f"{metric} {value:.4g}) is {100 * (1 - ratio):.0f}% worse than the measured best ({best.name}, "
                 f"{best_value:.4g}), so it cannot beat it")
     return rule
 
@@ -284,7 +240,7 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
         if best is not None:
             from predictor import estimate
             samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world)
-            rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu)
+            rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu, at)
         run = launcher(_launch_spec(settings, ds_config, run_dir, args, rule))
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
@@ -296,7 +252,7 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
 # -- the loop ------------------------------------------------------------------------------------------------
 
 def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, model: _Model,
-            table: _Table, launcher: Launcher, log: Callable[[str], None], results: list[ExperimentResult],
+            table: SearchTable, launcher: Launcher, log: Callable[[str], None], results: list[ExperimentResult],
             initial: Sequence[Measurement] = ()) -> str:
     """Run experiments into `results` until the stopping rule or the budget ends it (validate.search decides
     which); returns why it stopped."""
@@ -305,7 +261,7 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
     def run(choice: Choice) -> Observation:
         assert choice.index is not None
         cfg = table.config(choice.index)
-        prediction = _prediction(choice, metric, float(table.table.memory_bytes.ravel()[choice.index]))
+        prediction = prediction_of(choice, metric, float(table.table.memory_bytes.ravel()[choice.index]))
         log(f"zerotune tune: experiment {len(results) + 1} (at most {budget}) {experiment_name(cfg)} (predicted "
             f"{metric} {prediction.metric_value:.4g}, band {prediction.metric_low:.4g}-{prediction.metric_high:.4g}"
             + (f", fits with p={choice.fit_probability:.2f}" if choice.fit_probability < 1 else "") + ")")
