@@ -26,10 +26,10 @@ that r keeps it under capacity (uniform in log r), so micro-batches near the pre
 and the limit moves when an experiment OOMs or fits where it was said not to.
 
 Choice: the first experiment is the best corrected prediction that more likely fits than not; afterwards the
-largest expected improvement over the measured best (Jones et al. 1998, eq. 15, on the log of the metric) times
+largest expected improvement over the measured best (Jones, Schonlau & Welch 1998, on the log of the metric) times
 the probability of fitting, among configurations whose optimistic bound still beats the best. Stopping rule
 (as before): no configuration not yet run has an optimistic bound beating the measured best (by more
-than the measurement noise, MIN_GAIN_REL).
+than MIN_GAIN_REL).
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class Choice:
 
 
 def _expected_improvement(goodness: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
-    """E[max(0, X - best)] for X ~ N(goodness, std^2) (Jones, Schonlau & Welch 1998, eq. 15)."""
+    """E[max(0, X - best)] for X ~ N(goodness, std^2) (Jones, Schonlau & Welch 1998)."""
     u = (goodness - best) / std
     return std * np.exp(-0.5 * u ** 2) / math.sqrt(2 * math.pi) + (goodness - best) * ndtr(u)
 
