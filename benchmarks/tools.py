@@ -120,11 +120,10 @@ def _zerotune_prefix() -> list[str]:
 
 
 def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
-    # The model and sequence length are given, as the user of the built-in workload gives them to the
-    # script; DeepSpeed's autotuner learns the parameter count from its profiling run instead (counted).
-    return [*_zerotune_prefix(), "--num_gpus", str(job.num_gpus), "--model", job.model, "--hardware", "cpu",
-            "--seq_len", str(job.seq_len), str(WORKLOAD), "--deepspeed_config", str(ds_config),
-            *script_args(job, for_tuner=True)]
+    # zerotune gets exactly what DeepSpeed's autotuner gets (no --model, no --seq_len): what it needs about the
+    # model it learns from its own profiling run of the script, as DeepSpeed's autotuner does.
+    return [*_zerotune_prefix(), "--num_gpus", str(job.num_gpus), "--hardware", "cpu", str(WORKLOAD),
+            "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
 def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:

@@ -26,10 +26,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
-           "write_json_atomic"]
+           "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
@@ -43,6 +43,18 @@ _NOISE = re.compile(r"^\s*$|\[launch\.py:|\[runner\.py:|sigkill_handler|^\s*[\^~
                     r"^\s*File \"|\[(INFO|WARNING|DEBUG)\]")
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*:|^[\w.]*Error$")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_TIMER_LINE = re.compile(r"time \(ms\) \| fwd: ([0-9.]+) \| bwd: ([0-9.]+) \|.*?\| step: ([0-9.]+)")
+"""The engine's global timers, printed by rank 0 at every optimizer step when wall_clock_breakdown is on
+(runtime/engine.py step -> timers.log(global_timers), utils/timer.py SynchronizedWallClockTimer.log, printed
+whatever the log level): forward, backward and optimizer milliseconds summed over the step's micro-steps, the
+same timers the engine's autotuning latency is computed from (runtime/engine.py _autotuning_exit)."""
+_THROUGHPUT_LINE = re.compile(r"global_step=(\d+), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec=([0-9.eE+-]+)")
+"""The engine's ThroughputTimer line (utils/timer.py ThroughputTimer.stop), logged every steps_per_print steps
+when the log level is info: CurrSamplesPerSec is train_batch_size over the step's elapsed time."""
+POLL_S = 0.5
+"""How often a run with a stop rule has its output read."""
+StopRule = Callable[[tuple[float, ...]], "str | None"]
+"""Given the step times seen so far (seconds per optimizer step, in order), why to stop the run now, or None."""
 
 
 @dataclass(frozen=True)
@@ -66,11 +78,14 @@ class LaunchSpec:
     """Per-process address-space cap (RLIMIT_AS, inherited by every rank); None for no cap."""
     ds_config_flag: str = "--deepspeed_config"
     """How the script receives the config path."""
+    stop_rule: StopRule | None = None
+    """Read the run's step times while it runs and stop it as soon as this gives a reason (status "stopped").
+    The times come from the engine's timer lines, so the ds_config should set wall_clock_breakdown."""
 
 
 @dataclass(frozen=True)
 class RunResult:
-    status: Literal["ok", "oom", "timeout", "failed"]
+    status: Literal["ok", "oom", "timeout", "failed", "stopped"]
     """The same vocabulary as calibrate.measurement.Status."""
     reason: str
     returncode: int | None
@@ -79,6 +94,22 @@ class RunResult:
     run_dir: Path
     metrics: dict[str, Any] | None
     """run_dir/metrics.json as the run wrote it, or None."""
+    step_times_s: tuple[float, ...] = ()
+    """Seconds per optimizer step seen in the output before a stop rule stopped the run."""
+
+
+def step_times_s(stdout: str, train_batch_size: int) -> tuple[float, ...]:
+    """Seconds per optimizer step, in order, from the engine's global timer lines (_TIMER_LINE), else from its
+    throughput lines (_THROUGHPUT_LINE)."""
+    timers = [sum(float(g) for g in m.groups()) / 1e3 for m in _TIMER_LINE.finditer(stdout)]
+    if timers:
+        return tuple(timers)
+    times: dict[int, float] = {}
+    for match in _THROUGHPUT_LINE.finditer(stdout):
+        rate = float(match.group(2))
+        if rate > 0:
+            times[int(match.group(1))] = train_batch_size / rate
+    return tuple(times[step] for step in sorted(times))
 
 
 def free_port() -> int:
@@ -272,12 +303,11 @@ def launch(spec: LaunchSpec) -> RunResult:
     _prepare_run_dir(spec, cmd)
     start = time.monotonic()
     proc = _start(spec, cmd)
-    timed_out = False
+    timed_out, stop_reason, steps = False, None, ()
     try:
-        proc.wait(timeout=spec.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc, TERMINATE_GRACE_S)
+        timed_out, stop_reason, steps = _wait(proc, spec)
+        if timed_out or stop_reason:
+            _kill_group(proc, TERMINATE_GRACE_S)
     except KeyboardInterrupt:
         _kill_group(proc, TERMINATE_GRACE_S)
         raise
@@ -291,4 +321,25 @@ def launch(spec: LaunchSpec) -> RunResult:
                                        spec.run_dir / "metrics.json")
     if timed_out:
         reason = f"no result within {spec.timeout_s:g} s; the launcher and its ranks were killed"
+    if stop_reason:
+        return RunResult("stopped", stop_reason, None, wall_s, spec.run_dir, None, steps)
     return RunResult(status, reason, returncode, wall_s, spec.run_dir, metrics)  # type: ignore[arg-type]
+
+
+def _wait(proc: subprocess.Popen[bytes], spec: LaunchSpec) -> tuple[bool, str | None, tuple[float, ...]]:
+    """Wait for the run: (timed out, the stop rule's reason or None, the step times it was given)."""
+    deadline = time.monotonic() + spec.timeout_s
+    batch = spec.ds_config.get("train_batch_size")
+    while True:
+        poll = spec.timeout_s if spec.stop_rule is None else POLL_S
+        try:
+            proc.wait(timeout=max(0.0, min(poll, deadline - time.monotonic())))
+            return False, None, ()
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return True, None, ()
+        if spec.stop_rule is not None and isinstance(batch, int):
+            steps = step_times_s(_tail(spec.run_dir / "stdout.log"), batch)
+            reason = spec.stop_rule(steps) if steps else None
+            if reason:
+                return False, reason, steps

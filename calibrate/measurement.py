@@ -18,9 +18,10 @@ from predictor import ClusterSpec, DSConfig, Job, load_hardware, load_model, par
 
 __all__ = ["Measurement", "Status", "to_record", "from_record", "append_jsonl", "read_jsonl"]
 
-Status = Literal["ok", "oom", "timeout", "failed"]
+Status = Literal["ok", "oom", "timeout", "failed", "stopped"]
 """ok: the run finished and was measured; oom: it ran out of device (or host) memory; timeout: killed after
-its time limit; failed: any other crash or launcher error (the reason says which)."""
+its time limit; failed: any other crash or launcher error (the reason says which); stopped: `tune` stopped it
+early because its measured steps showed it could not beat the best (step_s is then the partial measurement)."""
 
 
 @dataclass(frozen=True)

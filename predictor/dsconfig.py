@@ -18,7 +18,7 @@ from predictor.hardware import Precision
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",
-           "optimizer_state_bytes_per_param"]
+           "optimizer_state_bytes_per_param", "REMOVED_TOP_LEVEL_KEYS", "REMOVED_ZERO_KEYS", "TUNED_ZERO_KEYS"]
 
 ZeroStage = Literal[0, 1, 2, 3]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -72,6 +72,77 @@ TOP_LEVEL_KEYS = frozenset({
     "tensor_parallel", "gradient_allreduce_op", "disable_python_gc", "log_level", "expert_parallel",
     "zero_force_ds_cpu_optimizer", "monitor_config", "mp_size",
 })
+
+# Keys DeepSpeed 0.19 refuses at start-up, with its reason (runtime/config.py:81-131,
+# _REMOVED_TOP_LEVEL_CONFIG_KEYS and _REMOVED_ZERO_CONFIG_KEYS, checked by _reject_removed_config_keys):
+# zerotune refuses them before any experiment instead of letting every experiment fail.
+_REMOVED_ISSUE = "https://github.com/deepspeedai/DeepSpeed/issues/8489"
+REMOVED_TOP_LEVEL_KEYS = {
+    "nebula": "Nebula checkpointing was removed (checkpoints would silently fall back to torch.save)",
+    "compression_training": "the compression library was removed (the model would train unquantized)",
+    "amp": "the NVIDIA Apex AMP integration was removed; use fp16, bf16 or torch_autocast",
+    "quantize_training": "Mixture-of-Quantization (quantize_training) was removed",
+    "sparse_gradients": "sparse embedding-gradient compression was removed (sparse=True embeddings need no flag)",
+    "eigenvalue": "eigenvalue-based Mixture-of-Quantization was removed",
+    "sparse_attention": "DeepSpeed Sparse Attention was removed",
+    "elasticity": "elastic training was removed; set train_batch_size / train_micro_batch_size_per_gpu / "
+                  "gradient_accumulation_steps directly",
+    "graph_harvesting": "graph harvesting was removed",
+    "curriculum_learning": "top-level curriculum_learning was removed; use "
+                           "data_efficiency.data_sampling.curriculum_learning",
+    "progressive_layer_drop": "Progressive Layer Dropping was removed",
+}
+REMOVED_ZERO_KEYS = {
+    "mics_shard_size": "MiCS ZeRO-3 sharding was removed",
+    "mics_hierarchical_params_gather": "MiCS ZeRO-3 sharding was removed",
+    "zeropp_loco_param": "LoCo-ZeRO++ was removed; drop the key to keep ZeRO++ quantized gradients",
+}
+TUNED_ZERO_KEYS = frozenset({
+    "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "allgather_partitions",
+    "allgather_bucket_size", "overlap_comm", "sub_group_size", "cpu_offload", "prefetch_bucket_size",
+    "stage3_prefetch_bucket_size", "param_persistence_threshold", "stage3_param_persistence_threshold",
+    "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance", "stage3_max_reuse_distance"})
+"""zero_optimization keys ZeroConfig models and to_ds_config writes (aliases included); the user's other zero
+keys, and every offload key but device and pin_memory, are carried in DSConfig.passthrough unchanged."""
+
+
+def _refuse_removed(doc: dict[str, Any]) -> None:
+    for key, reason in REMOVED_TOP_LEVEL_KEYS.items():
+        if key in doc:
+            raise ValueError(f"ds_config {key}: DeepSpeed 0.19 refuses it ({reason}; {_REMOVED_ISSUE}); remove it")
+    zero = doc.get("zero_optimization")
+    for key, reason in (REMOVED_ZERO_KEYS.items() if isinstance(zero, dict) else ()):
+        if key in zero:
+            raise ValueError(f"ds_config zero_optimization.{key}: DeepSpeed 0.19 refuses it ({reason}; "
+                             f"{_REMOVED_ISSUE}); remove it")
+
+
+_REWRITTEN = {"fp16": ("enabled",), "bf16": ("enabled",),
+              "activation_checkpointing": ("partition_activations", "cpu_checkpointing")}
+"""Keys of these sections that to_ds_config writes from the DSConfig (precision, checkpointing); a section's
+other keys are the user's and pass through."""
+
+
+def _untuned(doc: dict[str, Any]) -> dict[str, Any]:
+    """The user's keys zerotune does not tune, sections kept as nested dicts: everything but the batch triple,
+    autotuning, the tuned zero_optimization keys and the keys to_ds_config writes (_REWRITTEN). A section left
+    empty is dropped, so that writing a DSConfig and reading it back gives it again."""
+    out = {k: v for k, v in doc.items() if k not in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                     "gradient_accumulation_steps", "autotuning")}
+    for section, written in _REWRITTEN.items():
+        if isinstance(out.get(section), dict):
+            rest = {k: v for k, v in out.pop(section).items() if k not in written or v == AUTO}
+            out.update({section: rest} if rest else {})
+    zero = out.pop("zero_optimization", None)
+    if isinstance(zero, dict):
+        rest = {k: v for k, v in zero.items() if k not in TUNED_ZERO_KEYS and k not in ("offload_optimizer",
+                                                                                       "offload_param")}
+        for key in ("offload_optimizer", "offload_param"):
+            extra = {k: v for k, v in (zero.get(key) or {}).items() if k not in ("device", "pin_memory")}
+            rest.update({key: extra} if extra else {})
+        out.update({"zero_optimization": rest} if rest else {})
+    return out
+
 
 # Optimizer state bytes per parameter (fp32 states), by DeepSpeed optimizer type (lower-cased).
 _ADAM_FAMILY = ("adam", "adamw", "fusedadam", "cpuadam", "onebitadam", "zerooneadam", "lamb", "onebitlamb",
@@ -169,7 +240,9 @@ class DSConfig:
     data parallel = world / (mp x pp)."""
     autotuning: AutotuningConfig = field(default_factory=AutotuningConfig)
     passthrough: dict[str, Any] = field(default_factory=dict)
-    """The user's other top-level keys (scheduler, gradient_clipping, ...), written back unchanged."""
+    """Every key of the user's ds_config that zerotune does not tune (scheduler, fp16 loss scaling, the zero keys
+    outside ZeroConfig, offload paths, activation_checkpointing.number_checkpoints, ...), nested as the user
+    wrote them; to_ds_config writes them back unchanged under the tuned keys."""
 
     def replace(self, **changes: Any) -> "DSConfig":
         return dataclasses.replace(self, **changes)
@@ -338,8 +411,7 @@ def _precision(doc: dict[str, Any]) -> Precision:
                           f"assuming off unless --precision says otherwise", stacklevel=3)
     if fp16_on and bf16_on:
         raise ValueError("ds_config enables both fp16.enabled and bf16.enabled; DeepSpeed allows one: disable one")
-    amp_on = isinstance(doc.get("amp"), dict) and doc["amp"].get("enabled") is True
-    return "fp16" if fp16_on or amp_on else "bf16" if bf16_on else "fp32"
+    return "fp16" if fp16_on else "bf16" if bf16_on else "fp32"  # `amp` is refused (_refuse_removed)
 
 
 def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
@@ -424,6 +496,7 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
         if key not in TOP_LEVEL_KEYS:
             warnings.warn(f"ds_config: unknown top-level key {key!r}{nearest(key, sorted(TOP_LEVEL_KEYS))}; "
                           f"DeepSpeed ignores it", stacklevel=2)
+    _refuse_removed(doc)
     autotuning = _autotuning(doc)
     mp_size, pp_size = autotuning.mp_size, _pipeline_stages(doc)
     if world_size % (mp_size * pp_size):
@@ -433,8 +506,6 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
     ckpt = doc.get("activation_checkpointing")
     ckpt_sec = _section(doc, "activation_checkpointing", ACTIVATION_CHECKPOINTING_KEYS, strict=False)
     optimizer, momentum = _optimizer(doc)
-    handled = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "fp16",
-               "bf16", "zero_optimization", "activation_checkpointing", "autotuning"}
     return DSConfig(
         train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=_precision(doc),
         grad_accum_dtype=_grad_accum_dtype(doc), optimizer=optimizer, optimizer_momentum=momentum,
@@ -444,48 +515,62 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
             partition_activations=_bool(ckpt_sec, "activation_checkpointing", "partition_activations", False),
             cpu_checkpointing=_bool(ckpt_sec, "activation_checkpointing", "cpu_checkpointing", False)),
         mp_size=mp_size, pp_size=pp_size, autotuning=autotuning,
-        passthrough={k: v for k, v in doc.items() if k not in handled},
+        passthrough=_untuned(doc),
     )
 
 
 # -- writing one back ---------------------------------------------------------------------------------------
 
-def _offload_dict(off: OffloadConfig) -> dict[str, Any]:
-    return {"device": off.device, "pin_memory": off.pin_memory}
+def _offload_dict(off: OffloadConfig, untuned: Any) -> dict[str, Any]:
+    return {**(untuned if isinstance(untuned, dict) else {}), "device": off.device, "pin_memory": off.pin_memory}
 
 
-def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
-    """The ds_config dict DeepSpeed runs: the user's other keys unchanged, the tuned keys set."""
+def _zero_dict(cfg: DSConfig) -> dict[str, Any]:
+    """zero_optimization: the user's untuned keys, the tuned ones set on top."""
     z = cfg.zero
-    zero: dict[str, Any] = {"stage": z.stage, "contiguous_gradients": z.contiguous_gradients,
-                            "overlap_comm": z.overlap_comm, "reduce_scatter": z.reduce_scatter,
-                            "reduce_bucket_size": z.reduce_bucket_size_elems,
-                            "allgather_partitions": z.allgather_partitions,
-                            "allgather_bucket_size": z.allgather_bucket_size_elems}
-    if z.offload_optimizer.device != "none":
-        zero["offload_optimizer"] = _offload_dict(z.offload_optimizer)
+    user = cfg.passthrough.get("zero_optimization")
+    zero: dict[str, Any] = dict(user) if isinstance(user, dict) else {}
+    zero.update({"stage": z.stage, "contiguous_gradients": z.contiguous_gradients, "overlap_comm": z.overlap_comm,
+                 "reduce_scatter": z.reduce_scatter, "reduce_bucket_size": z.reduce_bucket_size_elems,
+                 "allgather_partitions": z.allgather_partitions,
+                 "allgather_bucket_size": z.allgather_bucket_size_elems})
+    if z.offload_optimizer.device != "none" or "offload_optimizer" in zero:
+        zero["offload_optimizer"] = _offload_dict(z.offload_optimizer, zero.get("offload_optimizer"))
     if z.stage == 3:
         zero.update({"stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size_elems,
                      "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold_elems,
                      "stage3_max_live_parameters": z.stage3_max_live_parameters_elems,
                      "stage3_max_reuse_distance": z.stage3_max_reuse_distance_elems,
                      "sub_group_size": z.sub_group_size_elems})
-        if z.offload_param.device != "none":
-            zero["offload_param"] = _offload_dict(z.offload_param)
+    if z.stage == 3 and (z.offload_param.device != "none" or "offload_param" in zero):
+        zero["offload_param"] = _offload_dict(z.offload_param, zero.get("offload_param"))
+    elif z.stage < 3:
+        zero.pop("offload_param", None)  # only stage 3 offloads parameters
+    return zero
+
+
+def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
+    """The ds_config dict DeepSpeed runs: the user's untuned keys unchanged (DSConfig.passthrough), the tuned
+    keys set."""
     out = dict(cfg.passthrough)
     out.update({
         "train_batch_size": cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
         * cfg.dp_size(world_size),
         "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "zero_optimization": zero,
+        "zero_optimization": _zero_dict(cfg),
     })
     if cfg.pp_size > 1:
         out["pipeline"] = {**(out.get("pipeline") or {}), "stages": cfg.pp_size}
-    if cfg.precision != "fp32":
-        out[cfg.precision] = {"enabled": True}
-    if cfg.activation_checkpointing.enabled:
-        out["activation_checkpointing"] = {
-            "partition_activations": cfg.activation_checkpointing.partition_activations,
-            "cpu_checkpointing": cfg.activation_checkpointing.cpu_checkpointing}
+    for precision in ("fp16", "bf16"):
+        user = out.get(precision)
+        if (user or cfg.precision == precision) and (user or {}).get("enabled") != AUTO:
+            out[precision] = {**(user or {}), "enabled": cfg.precision == precision}
+    ckpt = cfg.activation_checkpointing
+    if ckpt.enabled:
+        out["activation_checkpointing"] = {**(out.get("activation_checkpointing") or {}),
+                                           "partition_activations": ckpt.partition_activations,
+                                           "cpu_checkpointing": ckpt.cpu_checkpointing}
+    else:
+        out.pop("activation_checkpointing", None)  # the section's presence switches checkpointing on
     return out

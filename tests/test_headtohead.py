@@ -17,6 +17,7 @@ from benchmarks.report import JobResult, format_markdown, grid_best, grid_score,
 from benchmarks.tools import ToolRun, cpu_env, read_experiments
 from calibrate.measurement import Measurement
 from predictor import parse_ds_config
+from validate.tune import DEFAULT_TOP_K
 
 
 def test_base64_config_from_deepspeeds_autotuner_becomes_a_file(tmp_path: Path) -> None:
@@ -156,7 +157,7 @@ def test_quick_mode_runs_both_tuners_and_re_measures_their_choices(tmp_path: Pat
     ds, zt = summary["tools"]["deepspeed"], summary["tools"]["zerotune"]
     assert ds["returncode"] == 0 and zt["returncode"] == 0
     assert ds["experiments"][0]["name"] == "profile_model_info"  # DeepSpeed profiles the model first
-    assert 1 <= zt["num_experiments"] <= 3  # zerotune's default top_k
+    assert 1 <= zt["num_experiments"] <= DEFAULT_TOP_K  # zerotune's default top_k, a ceiling
     for tool in (ds, zt):
         assert tool["chosen"] is not None and tool["chosen_ds_config"]["zero_optimization"]["stage"] == 0
         assert len(tool["remeasured"]["throughput_samples_per_s"]) == 3, tool["remeasured"]["failures"]
@@ -183,3 +184,12 @@ def test_grid_rows_are_never_mixed_from_two_measuring_methods(tmp_path: Path, mo
     rows = headtohead.grid_for(QUICK_JOB, chosen, published, [], tmp_path)
     assert asked == [["z0_gas1_tmbspg1", "z0_gas1_tmbspg2", "z0_gas1_tmbspg4"]]  # not covered: all re-run here
     assert {m.throughput_samples_per_s for m in rows} == {10.0}
+
+
+def test_zerotune_gets_nothing_deepspeeds_autotuner_does_not_get(tmp_path: Path) -> None:
+    from benchmarks.tools import deepspeed_tune_command, zerotune_tune_command
+    zt = zerotune_tune_command(QUICK_JOB, tmp_path / "ds.json")
+    assert "--model" not in zt[:zt.index(next(a for a in zt if a.endswith(".py")))]
+    assert "--seq_len" not in zt[:zt.index(next(a for a in zt if a.endswith(".py")))]
+    ds = deepspeed_tune_command(QUICK_JOB, tmp_path / "ds.json")
+    assert zt[zt.index(next(a for a in zt if a.endswith(".py"))):] == ds[ds.index(next(a for a in ds if a.endswith(".py"))):]

@@ -80,6 +80,8 @@ def test_real_tune_runs_at_most_k_and_picks_the_measured_best(tmp_path: Path) ->
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     best_config = json.loads((results / best / "ds_config.json").read_text())
     best_config.pop("autotuning")
+    assert best_config.pop("wall_clock_breakdown") is True  # experiments time every step (experiment_ds_config)
+    assert "wall_clock_breakdown" not in optimal  # the user did not set it
     assert optimal == best_config and outcome.best is not None and outcome.best.name == best
     assert "autotuning" not in optimal
     for name in ("summary.txt", "cmd_optimal.txt", "measurements.jsonl", "space.png", "predicted_vs_measured.png"):

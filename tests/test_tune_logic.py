@@ -65,6 +65,14 @@ def _settings(tmp_path: Path, micro: list[int], stages: list[int], top_k: int = 
     return TuneSettings(command, doc, TINY, "cpu", WORLD, seq_len=SEQ_LEN, top_k=top_k, explore=())
 
 
+@pytest.fixture
+def budget_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every configuration counts as able to win, so the budget alone ends the search: for tests of what
+    happens around the experiments (resume, overwrite, the optimal config), not of the stopping rule."""
+    import validate.search
+    monkeypatch.setattr(validate.search, "MIN_GAIN_REL", -0.99)
+
+
 def _predicted(settings: TuneSettings) -> dict[str, float]:
     job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
     space = space_from_ds_config(settings.doc, world_size=WORLD, hidden_size=job.model.hidden_size, explore=())
@@ -95,7 +103,7 @@ def test_a_close_race_runs_the_next_and_the_budget_is_never_exceeded(tmp_path: P
     assert len(launcher.calls) == 1  # tuner_num_trials caps top_k
 
 
-def test_optimal_config_is_the_measured_best_not_the_predicted_best(tmp_path: Path) -> None:
+def test_optimal_config_is_the_measured_best_not_the_predicted_best(tmp_path: Path, budget_ends_it: None) -> None:
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
     first = max(_predicted(settings), key=_predicted(settings).get)
     slow_first = FakeLauncher(step_s=lambda d: 1.0 if d["train_micro_batch_size_per_gpu"] == 8 else 0.01)
@@ -150,7 +158,7 @@ def test_failures_are_recorded_with_their_reason_and_the_tuner_goes_on(tmp_path:
     assert "pdsh" in summary and "oom" in summary
 
 
-def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path) -> None:
+def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path, budget_ends_it: None) -> None:
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
     with pytest.raises(KeyboardInterrupt):
         tune(settings, FakeLauncher(outcomes={"z0_gas1_tmbspg7": KeyboardInterrupt()}), log=lambda _: None)
@@ -160,11 +168,12 @@ def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path)
     assert "interrupted" in (results / "summary.txt").read_text()
     launcher = FakeLauncher()
     outcome = tune(settings, launcher, log=lambda _: None)
-    assert [name for name, _ in launcher.calls] == ["z0_gas1_tmbspg7", "z0_gas1_tmbspg6"]
-    assert [r.resumed for r in outcome.results] == [True, False, False]
+    names = [name for name, _ in launcher.calls]
+    assert names[0] == "z0_gas1_tmbspg7" and "z0_gas1_tmbspg8" not in names  # the finished one is read back
+    assert [r.resumed for r in outcome.results] == [True] + [False] * len(names)
 
 
-def test_overwrite_reruns_finished_experiments(tmp_path: Path) -> None:
+def test_overwrite_reruns_finished_experiments(tmp_path: Path, budget_ends_it: None) -> None:
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=2, overwrite=True)
     tune(settings, FakeLauncher(), log=lambda _: None)
     launcher = FakeLauncher()
@@ -355,3 +364,21 @@ def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: 
     assert _explorable(client) == ("checkpointing",)
     built = dc_replace(client, doc={**client.doc, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
     assert _explorable(built) == ("offload", "checkpointing")
+
+
+def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tmp_path: Path) -> None:
+    from calibrate.measurement import Measurement
+    from predictor import estimate
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=1)
+    job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 0}}, world_size=WORLD)
+    # a profiling run measured 3x the predicted step time (uncalibrated prediction; the profile's differs)
+    given = Measurement(model=TINY, hardware="cpu", num_nodes=1, num_gpus_per_node=WORLD, seq_len=SEQ_LEN, config=cfg,
+                        status="ok", step_s=3 * estimate(job, cfg).time.step_s, source="profiling run")
+    plain = tune(settings, FakeLauncher(), log=lambda _: None)
+    corrected = tune(_settings(tmp_path / "again", [6, 7, 8], [0], top_k=1), FakeLauncher(), log=lambda _: None,
+                     initial=[given])
+    assert len(corrected.results) == 1  # the given measurement did not use the budget of 1
+    assert corrected.results[0].prediction.step_s > 1.5 * plain.results[0].prediction.step_s
+    stored = read_jsonl(tmp_path / "again" / "results" / "measurements.jsonl")
+    assert [m.source for m in stored] != ["profiling run"] and len(stored) == 1

@@ -120,10 +120,14 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
 def experiment_ds_config(cfg: DSConfig, world_size: int, autotuning: AutotuningConfig) -> dict[str, Any]:
     """The ds_config an experiment runs: the configuration, with DeepSpeed's engine measuring itself between
     start_profile_step and end_profile_step and exiting (runtime/engine.py _autotuning_exit); the launcher
-    points metric_path into the experiment's folder."""
+    points metric_path into the experiment's folder. wall_clock_breakdown is on: the engine's autotuning latency
+    is computed from its global timers, which only it switches on (runtime/engine.py EngineTimers), and the
+    timers it then prints every step are what calibrate.launch stops an experiment that cannot beat the best
+    on. Every other key is the user's (to_ds_config)."""
     doc = to_ds_config(cfg, world_size)
     doc["autotuning"] = {"enabled": True, "start_profile_step": autotuning.start_profile_step,
                          "end_profile_step": autotuning.end_profile_step, "metric": autotuning.metric}
+    doc["wall_clock_breakdown"] = True  # the engine prints every step's timers: what `tune` stops a slow run on
     return doc
 
 

@@ -10,10 +10,10 @@ model_info profile: parameter count -> a GPT-2-shaped ModelSpec, experiments.mod
 user's zero_optimization, offload included) with the cluster's calibration profile when there is one;
 (3) run the most promising configuration as a real experiment through calibrate.launch (own folder, own
 master port, mapped arguments rewritten, DeepSpeed's engine timing start_profile_step..end_profile_step);
-(4) correct the predictions with what was measured (a refit with calibrate.fit once there are
-REFIT_MIN_MEASUREMENTS, else the measured/predicted step-time ratio) and stop when no remaining
-configuration's optimistic band beats the measured best; never more than top_k (and tuner_num_trials)
-experiments. Each experiment takes the whole --num_gpus x --num_nodes the tuned configuration is for, so
+(4) correct the predictions with what was measured, by family (validate.search: errors are shared within a
+ZeRO stage / offload / checkpointing family and smooth in micro-batch), choose the next experiment by expected
+improvement, and stop when no remaining configuration's optimistic band beats the measured best; never more
+than top_k (and tuner_num_trials) experiments, a ceiling the stopping rule usually stays under. Each experiment takes the whole --num_gpus x --num_nodes the tuned configuration is for, so
 experiments run one at a time (DeepSpeed's tuner also gives full-size experiments the whole allocation).
 
 Zerotune's own departures: `autotuning.overwrite` defaults to false (DeepSpeed: true), so rerunning an
@@ -23,10 +23,10 @@ interrupted tune resumes it and skips what finished; `metric: latency` is minimi
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -35,32 +35,40 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from calibrate.launch import LaunchSpec, RunResult, deepspeed_command, free_port, launch
+from calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from calibrate.measurement import Measurement, append_jsonl
 from calibrate.profile import default_profile_path, load_profile
 from predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
 from predictor.dsconfig import AutotuningConfig
-from predictor.rank import MAXIMISED, Metric, Ranked, Uncertainty, rank
+from predictor.rank import MAXIMISED, Metric, Uncertainty, evaluate_space, rank
 from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from predictor.units import GIB
 from validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
 from validate.plan import build_job
+from validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
+                             observation_of, prediction_of, run_search)
 from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
-           "lr_advice", "measurement_of", "run_experiment", "autotuning_of", "profile_model", "REFIT_MIN_MEASUREMENTS", "BUILTIN_SCRIPT"]
+           "lr_advice", "measurement_of", "run_experiment", "autotuning_of",
+           "profile_model", "load_profile_for", "stop_rule_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K",
+           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
 
 Launcher = Callable[[LaunchSpec], RunResult]
 REPO = Path(__file__).resolve().parent.parent
 BUILTIN_SCRIPT = REPO / "calibrate" / "workload.py"
 BUILTIN_MODEL = "zt-gpt-small"
 BUILTIN_SEQ_LEN = 128
-REFIT_MIN_MEASUREMENTS = 3
-"""Finished experiments before the efficiency parameters are refitted: fewer cannot separate compute from
-communication, and the single ratio does better."""
+EARLY_STOP_MIN_STEPS = 2
+"""Timed steps an experiment runs before it may be stopped early: one step can be a warm-up outlier."""
+EARLY_STOP_MARGIN = 0.05
+"""An experiment is stopped early only when even its fastest step is this much worse than the measured best
+(step times spread by a few percent from step to step)."""
+DEFAULT_TOP_K = 8
+"""--top_k's default: a ceiling on experiments; the stopping rule usually ends the search well before it."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,7 @@ class TuneSettings:
     num_nodes: int = 1
     hostfile: Path | None = None
     seq_len: int | None = None
-    top_k: int = 3
+    top_k: int = DEFAULT_TOP_K
     profile: Path | None = None
     timeout_s: float = 600.0
     env: Mapping[str, str] = field(default_factory=dict)
@@ -96,11 +104,10 @@ class TuneOutcome:
 
 @dataclass(frozen=True)
 class _Model:
-    """The predictions in force: efficiency parameters and the measured/predicted step-time ratio on top."""
+    """The model the search starts from: efficiency parameters and the uncertainty of their predictions."""
 
     efficiency: Efficiency
     uncertainty: Uncertainty
-    step_ratio: float = 1.0
 
 
 def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
@@ -115,43 +122,29 @@ def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
 
 
 def _load_profile(settings: TuneSettings) -> tuple[Efficiency, Uncertainty]:
-    path = settings.profile or default_profile_path(settings.hardware)  # honours ZEROTUNE_DATA
+    return load_profile_for(settings.hardware, settings.profile)
+
+
+def load_profile_for(hardware: str, given: Path | None = None) -> tuple[Efficiency, Uncertainty]:
+    """The calibration profile `tune` uses for the hardware: the given one, else data/profiles/<hardware>.json
+    when it exists, else the uncalibrated defaults."""
+    path = given or default_profile_path(hardware)  # honours ZEROTUNE_DATA
     if not Path(path).is_file():
-        if settings.profile is not None:
+        if given is not None:
             raise ValueError(f"--profile {path}: no such file; give a calibration profile (data/profiles/*.json)")
         return Efficiency(), Uncertainty()
     profile = load_profile(Path(path))
-    if profile.hardware != settings.hardware:
-        warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {settings.hardware}; tuning uncalibrated")
+    if profile.hardware != hardware:
+        warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {hardware}; tuning uncalibrated")
         return Efficiency(), Uncertainty()
     rel = profile.uncertainty
     return profile.efficiency, Uncertainty(rel.step_time_rel, rel.peak_memory_rel or Uncertainty().memory_rel)
 
 
-# -- predictions, corrected by measurement ----------------------------------------------------------------
+# -- predictions and measurements ---------------------------------------------------------------------
 
-def _scaled(ranked: Ranked, metric: Metric, ratio: float) -> Prediction:
-    """A ranking entry's prediction with step time multiplied by `ratio` (the band moves with it)."""
-    factor = ratio if not MAXIMISED[metric] else 1.0 / ratio
-    return Prediction(ranked.estimate.time.step_s * ratio, ranked.metric_value * factor, ranked.metric_low * factor,
-                      ranked.metric_high * factor, ranked.estimate.memory.total_bytes)
-
-
-def _candidates(job: Job, space: SearchSpace, model: _Model, metric: Metric, done: set[str],
-                want: int) -> list[tuple[DSConfig, Prediction]]:
-    """Up to `want` configurations not yet run, best predicted first."""
-    top = len(done) + want
-    while True:
-        ranking = rank(job, space, model.efficiency, metric, top, 0.0, model.uncertainty)
-        fresh = [(r.estimate.config, _scaled(r, metric, model.step_ratio)) for r in ranking.entries
-                 if experiment_name(r.estimate.config) not in done]
-        if len(fresh) >= want or len(ranking.entries) < top:
-            return fresh[:want]
-        top *= 4
-
-
-def _nothing_fits(job: Job, space: SearchSpace, model: _Model) -> ValueError:
-    least = rank(job, space, model.efficiency, "throughput", 1, 0.0, model.uncertainty).least_memory
+def _nothing_fits(job: Job, space: SearchSpace, efficiency: Efficiency, uncertainty: Uncertainty) -> ValueError:
+    least = rank(job, space, efficiency, "throughput", 1, 0.0, uncertainty).least_memory
     return ValueError(f"no configuration of the space fits {job.cluster.hardware.name} "
                       f"({least.memory.capacity_bytes / GIB:.1f} GiB): the least memory is "
                       f"{least.memory.total_bytes / GIB:.1f} GiB ({experiment_name(least.config)}); widen the space "
@@ -159,7 +152,7 @@ def _nothing_fits(job: Job, space: SearchSpace, model: _Model) -> ValueError:
 
 
 def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
-    ok = result.status == "ok"
+    ok = result.status in ("ok", "stopped") and result.step_s is not None
     return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
                        num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
                        status=result.status, step_s=result.step_s if ok else None,
@@ -167,42 +160,49 @@ def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, l
                        source=str(layout.run_dir(result.name)), reason=result.reason)
 
 
-def _corrected(base: _Model, job: Job, measurements: Sequence[Measurement]) -> _Model:
-    """Refit on enough measurements, then the geometric mean of measured / predicted step time on top."""
-    from predictor import estimate
-    ok = [m for m in measurements if m.status == "ok" and m.step_s]
-    if not ok:
-        return base
-    eff = base.efficiency
-    if len(ok) >= REFIT_MIN_MEASUREMENTS:
-        from calibrate.fit import fit
-        try:
-            eff = fit(measurements, base=base.efficiency).efficiency
-        except (ValueError, RuntimeError) as exc:  # a fit that fails keeps the ratio correction alone
-            warnings.warn(f"refit skipped: {exc}")
-    logs = [math.log(m.step_s / estimate(job, m.config, eff).time.step_s) for m in ok]  # type: ignore[operator]
-    return _Model(eff, base.uncertainty, math.exp(sum(logs) / len(logs)))
-
-
-def _beats(prediction: Prediction, best: ExperimentResult, metric: Metric) -> bool:
-    """Whether the prediction's optimistic end beats the measured best."""
-    assert best.metric_value is not None
-    if MAXIMISED[metric]:
-        return prediction.metric_high > best.metric_value
-    return prediction.metric_low < best.metric_value
-
-
 # -- one experiment ----------------------------------------------------------------------------------------
 
-def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str]) -> LaunchSpec:
+def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],
+                 stop_rule: StopRule | None = None) -> LaunchSpec:
     return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
                       timeout_s=settings.timeout_s, script_args=tuple(args), num_gpus=settings.num_gpus,
                       num_nodes=settings.num_nodes if settings.hostfile else None, hostfile=settings.hostfile,
                       env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
-                      ds_config_flag=settings.command.ds_config_flag)
+                      ds_config_flag=settings.command.ds_config_flag, stop_rule=stop_rule)
+
+
+def _metric_of_step(metric: Metric, step_s: float, samples: int, flops: float) -> float:
+    return {"throughput": samples / step_s, "latency": step_s * 1e3, "flops": flops / step_s}[metric]
+
+
+def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: float,
+                  at: AutotuningConfig) -> StopRule:
+    """Stop an experiment once EARLY_STOP_MIN_STEPS steps of the engine's measuring window (start_profile_step to
+    end_profile_step; the steps before it are warm-up) are timed and even the fastest is more than EARLY_STOP_MARGIN
+    worse than the measured best: the mean the full run would report cannot beat it. A run whose whole window
+    is timed is finishing anyway and is left to write its metrics."""
+    assert best.metric_value is not None
+    best_value = float(best.metric_value)
+    window = at.end_profile_step - at.start_profile_step + 1
+
+    def rule(steps: tuple[float, ...]) -> str | None:
+        timed = steps[at.start_profile_step:]
+        if not EARLY_STOP_MIN_STEPS <= len(timed) < window:
+            return None
+        value = _metric_of_step(metric, min(timed), samples, flops)
+        ratio = value / best_value if MAXIMISED[metric] else best_value / value
+        if ratio >= 1.0 - EARLY_STOP_MARGIN:
+            return None
+        return (f"stopped early after {len(timed)} of {window} timed steps: its fastest ({min(timed):.4g} s, "
+                f"{metric} {value:.4g}) is {100 * (1 - ratio):.0f}% worse than the measured best ({best.name}, "
+                f"{best_value:.4g}), so it cannot beat it")
+    return rule
 
 
 def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, metric: Metric) -> ExperimentResult:
+    if run.status == "stopped":  # its partial step times still correct the predictions (validate.search)
+        step_s = statistics.median(run.step_times_s) if run.step_times_s else None
+        return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
     if run.status != "ok" or run.metrics is None:
         return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
     from predictor import estimate
@@ -216,8 +216,10 @@ def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, jo
 
 
 def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
-                   cfg: DSConfig, prediction: Prediction, launcher: Launcher) -> ExperimentResult:
-    """Run one configuration (or read back its earlier result) and record it in the layout."""
+                   cfg: DSConfig, prediction: Prediction, launcher: Launcher,
+                   best: ExperimentResult | None = None) -> ExperimentResult:
+    """Run one configuration (or read back its earlier result) and record it in the layout; with a measured
+    `best`, the run is stopped as soon as its steps show it cannot beat it (stop_rule_for)."""
     name, world = experiment_name(cfg), job.cluster.world_size
     ds_config = experiment_ds_config(cfg, world, at)
     args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
@@ -234,7 +236,12 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     exp.update(same_run)
     write_json_atomic(run_dir / "exp.json", exp)  # no result yet: an interrupted experiment is rerun
     try:
-        run = launcher(_launch_spec(settings, ds_config, run_dir, args))
+        rule = None
+        if best is not None:
+            from predictor import estimate
+            samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world)
+            rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu, at)
+        run = launcher(_launch_spec(settings, ds_config, run_dir, args, rule))
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
     result = _result(name, cfg, prediction, run, job, at.metric)
@@ -244,30 +251,36 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
 
 # -- the loop ------------------------------------------------------------------------------------------------
 
-def _search(settings: TuneSettings, job: Job, space: SearchSpace, at: AutotuningConfig, layout: Layout,
-            model: _Model, launcher: Launcher, log: Callable[[str], None],
-            results: list[ExperimentResult]) -> str:
-    """Run experiments into `results` until the stopping rule or the budget ends it; returns why it stopped."""
+def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, model: _Model,
+            table: SearchTable, launcher: Launcher, log: Callable[[str], None], results: list[ExperimentResult],
+            initial: Sequence[Measurement] = ()) -> str:
+    """Run experiments into `results` until the stopping rule or the budget ends it (validate.search decides
+    which); returns why it stopped."""
     metric, budget = at.metric, min(settings.top_k, at.tuner_num_trials)
-    done: set[str] = set()
-    while len(results) < budget:
-        fresh = _candidates(job, space, model, metric, done, 1)
-        if not fresh:
-            return f"stopped: the space has no configuration left to run ({len(results)} run)"
-        cfg, prediction = fresh[0]
-        best = best_result(results, metric)
-        if best is not None and not _beats(prediction, best, metric):
-            return (f"stopped: the best remaining prediction ({experiment_name(cfg)}, {metric} at best "
-                    f"{prediction.metric_high if MAXIMISED[metric] else prediction.metric_low:.4g}) cannot beat "
-                    f"the measured {best.metric_value:.4g} of {best.name} within its uncertainty")
-        log(f"zerotune tune: experiment {len(results) + 1}/{budget} {experiment_name(cfg)} (predicted {metric} "
-            f"{prediction.metric_value:.4g}, band {prediction.metric_low:.4g}-{prediction.metric_high:.4g})")
-        result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher)
+
+    def run(choice: Choice) -> Observation:
+        assert choice.index is not None
+        cfg = table.config(choice.index)
+        prediction = prediction_of(choice, metric, float(table.table.memory_bytes.ravel()[choice.index]))
+        log(f"zerotune tune: experiment {len(results) + 1} (at most {budget}) {experiment_name(cfg)} (predicted "
+            f"{metric} {prediction.metric_value:.4g}, band {prediction.metric_low:.4g}-{prediction.metric_high:.4g}"
+            + (f", fits with p={choice.fit_probability:.2f}" if choice.fit_probability < 1 else "") + ")")
+        result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher,
+                                best_result(results, metric))
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
-        done.add(result.name)
-        model = _corrected(model, job, [measurement_of(settings, job, r, layout) for r in results])
+        cands = table.candidates
+        return Observation(cands.families[cands.family[choice.index]], int(cands.micro_batch[choice.index]),
+                           float(cands.step_s[choice.index]), float(cands.memory_ratio[choice.index]),
+                           result.status, result.step_s if result.status in ("ok", "stopped") else None,
+                           choice.index)
+
+    initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
+    _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs)
+    if reason is not None:
+        best = best_result(results, metric)
+        return reason + (f" ({best.name}: {metric} {best.metric_value:.4g})" if best is not None else "")
     return f"stopped: the budget of {budget} experiments (top_k {settings.top_k}, tuner_num_trials " \
            f"{at.tuner_num_trials}) is spent"
 
@@ -323,8 +336,14 @@ def _explorable(settings: TuneSettings) -> tuple[str, ...]:
     return tuple(e for e in settings.explore if not (e == "offload" and client_optimizer))
 
 
-def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print) -> TuneOutcome:
-    """Rank, run the most promising experiments, write the results folder; see the module docstring."""
+def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print,
+         initial: Sequence[Measurement] = ()) -> TuneOutcome:
+    """Rank, run the most promising experiments, write the results folder; see the module docstring.
+
+    `initial`: measurements of this job made before the tune (a profiling run of the script, an earlier tune's
+    measurements.jsonl). They correct the predictions exactly as experiments do (validate.search) but are not
+    experiments: they count against no budget, are not candidates for the optimum and are not written to the
+    results folder. Their `config` must be a configuration of this job (same GPUs, model, sequence length)."""
     start = time.monotonic()
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
@@ -333,12 +352,14 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
                                  explore=_explorable(settings))
     model = _Model(*_load_profile(settings))
-    if not _candidates(job, space, model, at.metric, set(), 1):
-        raise _nothing_fits(job, space, model)
+    table = candidate_table(job, space, model.efficiency, at.metric)
+    bounds = memory_bounds([observation_of(job, model.efficiency, m) for m in initial], model.uncertainty)
+    if not fit_probability(table.candidates.memory_ratio, bounds).any():
+        raise _nothing_fits(job, space, model.efficiency, model.uncertainty)
     layout = Layout(Path(at.results_dir), Path(at.exps_dir))
     results: list[ExperimentResult] = []
     try:
-        stop_reason = _search(settings, job, space, at, layout, model, launcher, log, results)
+        stop_reason = _search(settings, job, at, layout, model, table, launcher, log, results, initial)
     except KeyboardInterrupt:  # the launcher has killed its ranks; leave a consistent folder, then stop
         _write_outputs(settings, job, at, layout, results, "interrupted (Ctrl-C): rerun to resume",
                        time.monotonic() - start)
@@ -359,8 +380,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                                                 "slots, else the hardware catalog's devices per node)")
     p.add_argument("--num_nodes", type=int, help="nodes (default: the hostfile's hosts, else 1)")
     p.add_argument("--hostfile", type=Path, help="DeepSpeed hostfile ('host slots=N' lines); one node needs none")
-    p.add_argument("--top_k", type=int, default=3, help="most experiments to run (default 3; "
-                                                        "autotuning.tuner_num_trials caps it too)")
+    p.add_argument("--top_k", type=int, default=DEFAULT_TOP_K,
+                   help=f"most experiments to run, a ceiling: the search stops sooner once no configuration can "
+                        f"beat the measured best (default {DEFAULT_TOP_K}; autotuning.tuner_num_trials caps it too)")
     p.add_argument("--profile", type=Path, help="calibration profile (default: data/profiles/<hardware>.json "
                                                 "when it exists)")
     p.add_argument("--model", help="catalog name, model YAML or config.json (default: one profiling run of "

@@ -1,0 +1,319 @@
+"""Replay `tune`'s search against measured grids: no launcher, each experiment answered by its measurement.
+
+    python -m benchmarks.replay [--budget N] [--seed S] [--markdown FILE]
+
+Each comparable group of a measured data set is "the cluster" (the group key of validate.accuracy: same model,
+hardware, GPU count, sequence length, precision and global batch). The search space is the group's rows, and
+only them: a configuration that was not measured cannot be run, so it is not a candidate (the replay's
+Candidates are built from the rows; the space's generator is not used). Running an experiment returns its
+measured step time, or OOM / failure where that was recorded. The decisions are validate.search.run_search, the
+code `tune` runs; only the experiment is a look-up. Predictions come from predictor.estimate with the
+calibration profile `tune` would load for the hardware (validate.tune.load_profile_for).
+
+Scored per data set: the share of groups whose choice (the measured best of the experiments run) is within 3% of
+the group's measured best, the mean choice / best, the mean and maximum experiments; then the same with a
+deliberately wrong model: per group, each ZeRO stage's, each offload family's and each checkpointing family's
+predicted step time multiplied by a seeded factor log-uniform in [0.5, 2], and the memory model shifted by +15%
+or -15% (seeded sign).
+
+Adding a grid: a published JSONL file -> one entry in PUBLISHED; a zerotune measurement grid
+(data/measurements/*_grid_*.jsonl, calibrate.measurement records) is picked up by its name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from calibrate.measurement import Status, read_jsonl
+from predictor import DSConfig, Job, estimate, experiment_name
+from predictor.catalog import data_dir
+from validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
+from validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
+from validate.plan import build_job
+from validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
+from validate.tune import DEFAULT_TOP_K, load_profile_for
+
+__all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "PUBLISHED", "data_sets",
+           "published_groups", "measurement_groups", "replay_group", "replay", "format_table", "main",
+           "WITHIN", "WRONG_FACTOR", "WRONG_MEMORY"]
+
+WITHIN = 0.03
+"""A choice counts when its measured throughput is within 3% of the group's best (issue 13)."""
+WRONG_FACTOR = 2.0
+"""The wrong model's factors lie in [1/WRONG_FACTOR, WRONG_FACTOR], log-uniform."""
+WRONG_MEMORY = 0.15
+DRAWS = 10
+"""Wrong models drawn per group: one draw per group says little on data sets of a few groups."""
+PUBLISHED = ("vtrain_single", "bloom_tr11", "llmfoundry_mpt_fsdp")
+"""data/measurements/published/<name>.jsonl files with comparable groups of configurations."""
+MEASUREMENTS_DIR = data_dir() / "measurements"
+_profile = lru_cache(maxsize=None)(load_profile_for)
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """One measured configuration: what running it returns."""
+
+    job: Job
+    config: DSConfig
+    status: Status
+    step_s: float | None
+    """Measured seconds per optimizer step (None unless ok)."""
+    source: str
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    rows: tuple[GridRow, ...]
+
+
+@dataclass(frozen=True)
+class Wrong:
+    """A deliberately wrong model: step-time factors per ZeRO stage, offload devices and checkpointing."""
+
+    stage: dict[int, float]
+    offload: dict[tuple[str, str], float]
+    checkpointing: dict[bool, float]
+    memory_scale: float
+
+    def step_factor(self, cfg: DSConfig) -> float:
+        _, opt, param, ckpt, _, _ = family_of(cfg)
+        return self.stage[cfg.zero.stage] * self.offload[(opt, param)] * self.checkpointing[ckpt]
+
+
+def wrong_model(rows: Sequence[GridRow], seed: int) -> Wrong:
+    rng = random.Random(seed)
+    draw = lambda: math.exp(rng.uniform(-math.log(WRONG_FACTOR), math.log(WRONG_FACTOR)))  # noqa: E731
+    families = [family_of(r.config) for r in rows]
+    return Wrong({s: draw() for s in sorted({f[0] for f in families})},
+                 {o: draw() for o in sorted({(f[1], f[2]) for f in families})},
+                 {c: draw() for c in sorted({f[3] for f in families})},
+                 1.0 + WRONG_MEMORY * rng.choice((-1.0, 1.0)))
+
+
+# -- data sets -> groups ---------------------------------------------------------------------------------------
+
+def _measured_step_s(case: Case) -> float | None:
+    """The row's measured step time: its speed metric, in whatever unit, against the prediction in that unit
+    (at a fixed global batch every unit is inversely proportional to step time)."""
+    est = estimate(case.job, case.config)
+    speed = _speed(case, est)
+    if isinstance(speed, Skip):
+        return None
+    return est.time.step_s * speed.predicted / speed.measured
+
+
+def published_groups(path: Path) -> list[Group]:
+    """A published data set's comparable groups with at least two distinct configurations."""
+    groups: dict[tuple, list[GridRow]] = {}
+    for row_id, row in read_rows(path):
+        case = row_case(row, row_id)
+        if isinstance(case, Skip):
+            continue
+        try:
+            step_s = _measured_step_s(case)
+        except ValueError:
+            continue
+        if step_s is None:
+            continue
+        key = _group_key(case, "speed")
+        groups.setdefault(key, []).append(GridRow(case.job, case.config, "ok", step_s, row_id))
+    return [Group(f"{path.stem}#{i}", tuple(rows)) for i, rows in enumerate(groups.values())
+            if len({repr(r.config) for r in rows}) >= 2]
+
+
+def measurement_groups(path: Path) -> list[Group]:
+    """A zerotune measurement grid (calibrate.measurement JSONL) grouped by job and global batch."""
+    groups: dict[tuple, list[GridRow]] = {}
+    for m in read_jsonl(path):
+        job = build_job(m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)
+        key = (m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)
+        groups.setdefault(key, []).append(GridRow(job, m.config, m.status, m.measured_step_s
+                                                  if m.status == "ok" else None, m.source))
+    return [Group(f"{path.stem}#{i}", tuple(rows)) for i, rows in enumerate(groups.values())
+            if len({repr(r.config) for r in rows}) >= 2]
+
+
+def data_sets() -> list[tuple[str, Callable[[], list[Group]]]]:
+    """(name, loader) of every grid the replay scores: the published list, then every measurement grid."""
+    sets: list[tuple[str, Callable[[], list[Group]]]] = [
+        (name, lambda name=name: published_groups(DEFAULT_DATA_DIR / f"{name}.jsonl")) for name in PUBLISHED]
+    sets += [(p.stem, lambda p=p: measurement_groups(p)) for p in sorted(MEASUREMENTS_DIR.glob("*_grid_*.jsonl"))]
+    return sets
+
+
+# -- one group ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    group: str
+    num_configs: int
+    num_experiments: int
+    choice_over_best: float
+    """Measured throughput of the choice over the group's best (0 when no experiment finished)."""
+    choice: str
+    best: str
+    stop_reason: str
+
+    @property
+    def within(self) -> bool:
+        return self.choice_over_best >= 1.0 - WITHIN
+
+
+def _distinct(rows: Sequence[GridRow]) -> list[GridRow]:
+    """One row per configuration; repeated measurements of one configuration become their median."""
+    by_config: dict[str, list[GridRow]] = {}
+    for row in rows:
+        by_config.setdefault(repr(row.config), []).append(row)
+    merged = []
+    for same in by_config.values():
+        ok = [r.step_s for r in same if r.status == "ok" and r.step_s]
+        first = same[0]
+        merged.append(GridRow(first.job, first.config, "ok", statistics.median(ok), first.source) if ok else first)
+    return merged
+
+
+def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidates, np.ndarray]:
+    """The search's Candidates for the rows (predictions with the profile `tune` would use, made wrong on
+    request), and each row's measured goodness (log samples/s; -inf where it did not run)."""
+    families, family, mbs, steps, ratios, samples, measured = [], [], [], [], [], [], []
+    for row in rows:
+        eff, _ = _profile(row.job.cluster.hardware.name)
+        est = estimate(row.job, row.config, eff)
+        mem = est.memory
+        ratio = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes_per_node / max(mem.host_capacity_bytes_per_node, 1.0))
+        key = family_of(row.config)
+        families += [key] if key not in families else []
+        family.append(families.index(key))
+        mbs.append(row.config.train_micro_batch_size_per_gpu)
+        steps.append(est.time.step_s * (wrong.step_factor(row.config) if wrong else 1.0))
+        ratios.append(ratio * (wrong.memory_scale if wrong else 1.0))
+        samples.append(est.samples_per_step)
+        measured.append(math.log(est.samples_per_step / row.step_s) if row.status == "ok" and row.step_s else -math.inf)
+    gain = metric_gain("throughput", np.array(samples, dtype=float), np.zeros(len(rows)))
+    return Candidates(tuple(families), np.array(family), np.array(mbs), np.array(steps), np.array(ratios),
+                      gain), np.array(measured)
+
+
+def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None) -> GroupOutcome:
+    """The search on one group; wrong_seed draws a deliberately wrong model (None: the real one)."""
+    rows = _distinct(group.rows)
+    wrong = wrong_model(rows, wrong_seed) if wrong_seed is not None else None
+    cands, measured = _candidates(rows, wrong)
+    _, uncertainty = _profile(rows[0].job.cluster.hardware.name)
+
+    def run(choice: Choice) -> Observation:
+        i = choice.index
+        assert i is not None
+        row = rows[i]
+        return Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
+                           float(cands.memory_ratio[i]), row.status, row.step_s if row.status == "ok" else None, i)
+
+    ran, reason = run_search(cands, uncertainty, budget, run)
+    best = int(np.argmax(measured))
+    ok = [o.index for o in ran if o.status == "ok"]
+    chosen = max(ok, key=lambda i: measured[i]) if ok else None
+    share = math.exp(measured[chosen] - measured[best]) if chosen is not None else 0.0
+    return GroupOutcome(group.name, len(rows), len(ran), share, _label(rows[chosen]) if chosen is not None else "-",
+                        _label(rows[best]), reason or f"budget of {budget} spent")
+
+
+def _label(row: GridRow) -> str:
+    cfg = row.config
+    layout = f"_tp{cfg.mp_size}_pp{cfg.pp_size}" if cfg.model_parallel_size > 1 else ""
+    return experiment_name(cfg) + layout
+
+
+# -- data sets ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataSetReplay:
+    name: str
+    model: str
+    """"real" or "wrong"."""
+    outcomes: tuple[GroupOutcome, ...]
+
+    @property
+    def within_share(self) -> float:
+        return sum(o.within for o in self.outcomes) / len(self.outcomes)
+
+    @property
+    def mean_choice_over_best(self) -> float:
+        return statistics.fmean(o.choice_over_best for o in self.outcomes)
+
+    @property
+    def mean_experiments(self) -> float:
+        return statistics.fmean(o.num_experiments for o in self.outcomes)
+
+    @property
+    def max_experiments(self) -> int:
+        return max(o.num_experiments for o in self.outcomes)
+
+
+def replay(groups: Sequence[Group], name: str, budget: int = DEFAULT_TOP_K, seed: int | None = None,
+           draws: int = 1) -> DataSetReplay:
+    """Every group with the real model (seed None), or `draws` times with wrong models (seeds from `seed`)."""
+    if seed is None:
+        return DataSetReplay(name, "real", tuple(replay_group(g, budget) for g in groups))
+    outcomes = tuple(replay_group(g, budget, seed + draws * i + d) for i, g in enumerate(groups) for d in range(draws))
+    return DataSetReplay(name, "wrong", outcomes)
+
+
+def format_table(results: Sequence[DataSetReplay]) -> str:
+    lines = ["| data set | model | groups (x draws) | configs per group (mean) | choice within 3% of best | "
+             "mean choice / best | experiments mean | experiments max |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        configs = statistics.fmean(o.num_configs for o in r.outcomes)
+        lines.append(f"| {r.name} | {r.model} | {len(r.outcomes)} | {configs:.1f} | {r.within_share * 100:.1f}% | "
+                     f"{r.mean_choice_over_best * 100:.1f}% | {r.mean_experiments:.2f} | {r.max_experiments} |")
+    return "\n".join(lines) + "\n"
+
+
+def _misses(results: Sequence[DataSetReplay]) -> str:
+    lines = []
+    for r in results:
+        for o in r.outcomes:
+            if not o.within:
+                lines.append(f"{r.name} ({r.model}) {o.group}: chose {o.choice} at {o.choice_over_best * 100:.1f}% "
+                             f"of {o.best} after {o.num_experiments} experiments; {o.stop_reason}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n")[0])
+    parser.add_argument("--budget", type=int, default=DEFAULT_TOP_K, help="--top_k of the replayed tune (a ceiling)")
+    parser.add_argument("--seed", type=int, default=13, help="seed of the deliberately wrong models")
+    parser.add_argument("--draws", type=int, default=DRAWS, help="wrong models drawn per group")
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--misses", action="store_true", help="list the groups whose choice is not within 3%%")
+    args = parser.parse_args(argv)
+    results = []
+    for name, load in data_sets():
+        groups = load()
+        if not groups:
+            print(f"replay: {name}: no group with two or more configurations; skipped", file=sys.stderr)
+            continue
+        results += [replay(groups, name, args.budget), replay(groups, name, args.budget, args.seed, args.draws)]
+    text = format_table(results)
+    if args.markdown:
+        args.markdown.write_text(text)
+    print(text, end="")
+    if args.misses:
+        print(_misses(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

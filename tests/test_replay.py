@@ -1,0 +1,77 @@
+"""benchmarks.replay: the tuner's search played against a measured grid, the decisions made by the same code
+`tune` runs (validate.search.run_search), so a replay and a tune on a launcher answering from the grid run the
+same experiments in the same order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.replay import Group, GridRow, replay, replay_group, wrong_model
+from calibrate.launch import LaunchSpec, RunResult
+from predictor import estimate, experiment_name, parse_ds_config
+from validate.experiments import UserCommand
+from validate.plan import build_job
+from validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
+
+TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
+WORLD, SEQ_LEN = 2, 32
+STAGES, MICRO = (0, 1), (2, 4, 8)
+# The grid's "measured" step times: the prediction times a per-stage factor, so the model is right within a
+# family and wrong between them (stage 1 measured 40% faster than predicted relative to stage 0).
+FACTOR = {0: 1.0, 1: 0.6}
+
+
+def _grid() -> Group:
+    job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
+    rows = []
+    for stage in STAGES:
+        for mb in MICRO:
+            cfg = parse_ds_config({"train_micro_batch_size_per_gpu": mb, "zero_optimization": {"stage": stage}},
+                                  world_size=WORLD)
+            rows.append(GridRow(job, cfg, "ok", estimate(job, cfg).time.step_s * FACTOR[stage], f"z{stage} mb{mb}"))
+    return Group("tiny", tuple(rows))
+
+
+def test_replay_finds_the_measured_best_in_few_experiments() -> None:
+    outcome = replay_group(_grid())
+    assert outcome.within and outcome.choice == outcome.best
+    assert outcome.num_experiments < len(_grid().rows)  # the stopping rule ended it, not exhaustion
+    assert "stopped" in outcome.stop_reason
+
+
+def test_wrong_models_are_seeded_and_within_their_range() -> None:
+    rows = _grid().rows
+    first, again = wrong_model(rows, 7), wrong_model(rows, 7)
+    assert first == again
+    factors = list(first.stage.values()) + list(first.offload.values()) + list(first.checkpointing.values())
+    assert all(0.5 <= f <= 2.0 for f in factors)
+    assert first.memory_scale in (pytest.approx(0.85), pytest.approx(1.15))
+    result = replay([_grid()], "tiny", seed=3, draws=4)
+    assert len(result.outcomes) == 4 and 0.0 <= result.within_share <= 1.0
+
+
+def test_a_replay_and_a_tune_on_the_same_grid_run_the_same_experiments(tmp_path: Path) -> None:
+    group = _grid()
+    measured = {experiment_name(r.config): r.step_s for r in group.rows}
+    calls: list[str] = []
+
+    def grid_launcher(spec: LaunchSpec) -> RunResult:
+        name = experiment_name(parse_ds_config({k: v for k, v in spec.ds_config.items() if k != "autotuning"},
+                                               world_size=WORLD))
+        calls.append(name)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = {"step_s": measured[name]}
+        (spec.run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return RunResult("ok", "", 0, 1.0, spec.run_dir, metrics)
+
+    doc = {"train_micro_batch_size_per_gpu": list(MICRO), "zero_optimization": {"stage": list(STAGES)},
+           "autotuning": {"fast": True, "results_dir": str(tmp_path / "r"), "exps_dir": str(tmp_path / "e")}}
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", tmp_path / "ds.json"), doc, TINY,
+                            "cpu", WORLD, seq_len=SEQ_LEN, explore=())
+    outcome = tune(settings, grid_launcher, log=lambda _: None)
+    replayed = replay_group(group)
+    assert len(calls) == replayed.num_experiments
+    assert outcome.best is not None and outcome.best.name == replayed.choice

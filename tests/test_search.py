@@ -1,0 +1,78 @@
+"""validate.search: a measurement corrects its own family most, the families sharing a factor with it partly and
+the rest through the shared part; the memory limit moves on OOM and on fits; given measurements correct the
+predictions but are not experiments."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from predictor.rank import Uncertainty
+from validate.search import (BAND_Z, Candidates, Choice, Observation, choose, fit_probability, memory_bounds,
+                             posterior, run_search)
+
+U = Uncertainty(step_time_rel=0.3, memory_rel=0.1)
+FAMILIES = ((0, "none", "none", False, 1, 1), (0, "none", "none", True, 1, 1), (3, "cpu", "cpu", True, 1, 1))
+# families 0 and 1 share the stage and offload factors; family 2 shares only checkpointing with family 1
+
+
+def _cands(step_s: list[float] | None = None, ratio: list[float] | None = None) -> Candidates:
+    family = np.array([0, 0, 1, 1, 2, 2])
+    mbs = np.array([4, 8, 4, 8, 4, 8])
+    steps = np.array(step_s or [1.0, 1.8, 1.2, 2.2, 3.0, 5.0])
+    return Candidates(FAMILIES, family, mbs, steps, np.array(ratio or [0.5] * 6), np.log(mbs.astype(float)))
+
+
+def _observe(cands: Candidates, i: int, measured_s: float, status: str = "ok") -> Observation:
+    return Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
+                       float(cands.memory_ratio[i]), status, measured_s if status == "ok" else None, i)
+
+
+def test_a_measurement_corrects_its_family_most_then_those_sharing_a_factor() -> None:
+    cands = _cands()
+    post = posterior(cands, [_observe(cands, 1, 1.8 * 1.5)], U)  # family 0 measured 50% slower than predicted
+    own, sibling, other = post.mean[0], post.mean[2], post.mean[4]
+    assert math.log(1.5) > own > sibling > other > 0
+    assert post.std[0] < post.std[2] < post.std[4]
+    prior = posterior(cands, [], U)
+    assert prior.std[0] == pytest.approx(-math.log(1 - U.step_time_rel) / BAND_Z)  # the ranking's band
+
+
+def test_the_search_stops_when_no_band_can_beat_the_best_and_never_reruns() -> None:
+    cands = _cands(step_s=[1.0, 1.8, 1.2, 2.2, 30.0, 50.0])  # family 2 predicted 10x slower: never worth it
+    measured = [1.0, 1.7, 1.2, 2.0, 30.0, 50.0]
+    ran, reason = run_search(cands, U, 8, lambda c: _observe(cands, c.index, measured[c.index]))
+    indices = [o.index for o in ran]
+    assert len(set(indices)) == len(indices) and not {4, 5} & set(indices)
+    assert reason is not None and "cannot beat" in reason
+
+
+def test_memory_limit_moves_on_oom_and_on_fits() -> None:
+    cands = _cands(ratio=[0.5, 1.05, 0.5, 1.15, 0.5, 0.95])
+    low, high = memory_bounds([], U)
+    assert (low, high) == pytest.approx((0.8, 1.2))
+    assert 0 < fit_probability(np.array([1.05]), (low, high))[0] < 1  # near the limit: may fit
+    fits = memory_bounds([_observe(cands, 1, 2.0)], U)  # said to need 105% of memory, and it ran
+    assert fits[1] == pytest.approx(1 / 1.05)
+    oom = memory_bounds([_observe(cands, 5, 0.0, "oom")], U)  # said to need 95%, and it ran out
+    assert oom[0] == pytest.approx(1 / 0.95)
+    assert fit_probability(np.array([1.15]), oom)[0] == 0.0 and fit_probability(np.array([0.5]), oom)[0] == 1.0
+    far = memory_bounds([_observe(cands, 0, 0.0, "oom")], U)  # an OOM at half the predicted limit
+    assert far[0] == pytest.approx(1.2)  # moves the floor to the prior's far edge, no further
+    done = np.zeros(len(cands), dtype=bool)
+    done[2] = True
+    after = choose(cands, [_observe(cands, 2, 0.0, "oom")], U, done)  # family 1's micro-batch 4 ran out
+    assert after.index not in (2, 3)  # so its micro-batch 8 is not tried
+
+
+def test_given_measurements_correct_but_are_not_experiments() -> None:
+    cands = _cands()
+    given = Observation(FAMILIES[0], 8, 1.8, 0.5, "ok", 1.8 * 3.0)  # not a candidate: no index
+    done = np.zeros(len(cands), dtype=bool)
+    first = choose(cands, [given], U, done)
+    assert isinstance(first, Choice) and first.index is not None
+    assert first.step_s > float(cands.step_s[first.index])  # corrected by the given measurement
+    ran, _ = run_search(cands, U, 1, lambda c: _observe(cands, c.index, 1.0), initial=[given])
+    assert len(ran) == 1  # the given one did not count against the budget

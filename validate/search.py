@@ -1,0 +1,371 @@
+"""How `tune` picks its next experiment and when it stops: predictions corrected with the structure of their errors.
+
+The step-time model errs in a structured way: a whole ZeRO stage, offload or checkpointing family is off together
+(one collective misjudged, one kernel slower than its roofline) and the error drifts smoothly with micro-batch.
+So the log of measured / predicted step time, e(c), is modelled as a Gaussian process over configurations c with
+an additive kernel (Rasmussen & Williams 2006, sec. 4.2.4: sums of kernels are kernels):
+
+    k(c, c') = s_shared^2                                        every configuration of the cluster
+             + sum over factors f of s_factor^2 [f(c) == f(c')]  ZeRO stage, offload, checkpointing, tp x pp
+             + s_family^2 [family(c) == family(c')]              all four factors equal
+             + s_mb^2 [same family] exp(-(log2 mb - log2 mb')^2 / 2)   smooth in micro-batch
+             + s_own^2 [c == c']                                 knobs the model does not tell apart, noise
+
+A measurement therefore corrects its own family most, the families that share a factor with it partly, and the
+rest through the shared part. The prior's total standard deviation is the ranking's band: the uncertainty's
+step_time_rel is the one-sided Z-sigma band, so before any measurement the optimistic bound is the ranking's
+(predictor.rank._band). When measurements show errors larger than the prior allowed (a wrong or uncalibrated
+model), the shared and per-factor variances are inflated by their mean square over the prior's (one error cannot
+tell whether the cluster or the stage is off) and the finer terms by their spread about their mean, so the bands
+of families not yet run widen with the evidence that the model is off.
+
+Memory: one unknown scale r of the predicted peak (need = r x predicted), a priori within 1 -+ MEMORY_Z x
+memory_rel; a run that fits caps r, an OOM raises its floor; within a family an OOM also rules out the larger
+micro-batches and a fit vouches for the smaller ones. A configuration is runnable with the probability
+that r keeps it under capacity (uniform in log r), so micro-batches near the predicted limit stay candidates
+and the limit moves when an experiment OOMs or fits where it was said not to.
+
+Choice: the first experiment is the best corrected prediction that more likely fits than not; afterwards the
+largest expected improvement over the measured best (Jones, Schonlau & Welch 1998, on the log of the metric) times
+the probability of fitting, among configurations whose optimistic bound still beats the best. Stopping rule
+(as before): no configuration not yet run has an optimistic bound beating the measured best (by more
+than MIN_GAIN_REL).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy.special import ndtr
+
+from calibrate.measurement import Measurement, Status
+from predictor.dsconfig import DSConfig
+from predictor.job import Efficiency, Job
+from predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space
+from predictor.space import SearchSpace
+from validate.results import Prediction
+
+__all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
+           "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
+           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "BAND_Z", "MEMORY_Z"]
+
+FamilyKey = tuple[int, str, str, bool, int, int]
+"""(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""
+BAND_Z = 2.0
+"""The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
+MEMORY_Z = 2.0
+"""The memory scale's prior interval is 1 -+ MEMORY_Z x memory_rel."""
+SHARES = {"shared": 0.48, "factor": 0.1, "family": 0.05, "mb": 0.05, "own": 0.02}
+"""Each kernel term's share of the prior variance (each factor gets the factor share; 4 factors): most of
+the error is common to the cluster (compute efficiency), the rest spread over what configurations share."""
+NOISE_STD = 0.02
+"""Measurement noise of a log step time (run-to-run spread of DeepSpeed's engine timers, a few percent)."""
+MIN_GAIN_REL = 0.05
+"""An experiment is worth running only if its optimistic bound beats the measured best by more than this: step
+times spread by a few percent between runs, so a smaller win could hardly be told from noise (the value is
+the one that kept the replay's choices within 3% of the best with the fewest experiments, benchmarks.replay)."""
+MEASURED = ("ok", "stopped")
+"""Statuses whose step time was measured (a stopped run for fewer steps): both correct the predictions and
+both fitted in memory; only ok runs compete for the optimum."""
+_FACTORS = ((0,), (1, 2), (3,), (4, 5))
+"""The family key's positions of each factor: stage, offload (both devices), checkpointing, tp x pp."""
+assert abs(SHARES["shared"] + len(_FACTORS) * SHARES["factor"] + SHARES["family"] + SHARES["mb"] + SHARES["own"]
+           - 1.0) < 1e-9, "the kernel's shares must make up the prior variance"
+
+
+def family_of(cfg: DSConfig) -> FamilyKey:
+    z = cfg.zero
+    return (z.stage, z.offload_optimizer.device, z.offload_param.device, cfg.activation_checkpointing.enabled,
+            cfg.mp_size, cfg.pp_size)
+
+
+def metric_gain(metric: Metric, samples_per_step: np.ndarray, model_flops_per_gpu: np.ndarray) -> np.ndarray:
+    """log of the metric's numerator: goodness = gain - log(step_s) is log(metric) for throughput (samples/s)
+    and flops (FLOP/s per GPU), and -log(latency in ms) for latency, so larger goodness is always better."""
+    if metric == "throughput":
+        return np.log(np.asarray(samples_per_step, dtype=float))
+    if metric == "flops":
+        return np.log(np.asarray(model_flops_per_gpu, dtype=float))
+    return np.full(np.shape(samples_per_step), -math.log(1e3))
+
+
+def metric_of_goodness(metric: Metric, goodness: float) -> float:
+    return math.exp(goodness) if MAXIMISED[metric] else math.exp(-goodness)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Every configuration the search may run, flattened, with the model's predictions."""
+
+    families: tuple[FamilyKey, ...]
+    family: np.ndarray
+    """Index into `families`, per configuration."""
+    micro_batch: np.ndarray
+    step_s: np.ndarray
+    """Predicted seconds per optimizer step."""
+    memory_ratio: np.ndarray
+    """Predicted peak over capacity (the device's or the node's host memory, whichever is tighter)."""
+    gain: np.ndarray
+    """metric_gain of each configuration."""
+
+    def __len__(self) -> int:
+        return len(self.step_s)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A configuration that was run: an experiment of this search, or a measurement given beforehand."""
+
+    family: FamilyKey
+    micro_batch: int
+    predicted_step_s: float
+    memory_ratio: float
+    status: Status
+    step_s: float | None = None
+    index: int | None = None
+    """The candidate it ran, when it is one."""
+
+
+@dataclass(frozen=True)
+class Posterior:
+    mean: np.ndarray
+    """Posterior mean of log(measured / predicted step time), per candidate."""
+    std: np.ndarray
+
+
+# -- the error model -------------------------------------------------------------------------------------------
+
+def _prior_variance(uncertainty: Uncertainty) -> float:
+    return (-math.log(max(1.0 - uncertainty.step_time_rel, 1e-6)) / BAND_Z) ** 2
+
+
+def _variances(uncertainty: Uncertainty, errors: np.ndarray) -> dict[str, float]:
+    """Each term's prior variance, inflated where the measured errors exceed the prior: the shared and the factor
+    terms by the errors' mean square (one large error may be the cluster's or its stage's: a measurement cannot
+    tell which, so both widen), the others by the errors' spread about their mean."""
+    total = _prior_variance(uncertainty)
+    square = max(1.0, float(np.mean(errors ** 2)) / total) if len(errors) else 1.0
+    spread = max(1.0, float(np.var(errors)) / total) if len(errors) > 1 else 1.0
+    return {term: share * total * (square if term == "shared" else max(square, spread) if term == "factor"
+                                   else spread) for term, share in SHARES.items()}
+
+
+def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, float]) -> np.ndarray:
+    """The family-level part of the kernel (shared + factors + family) between two lists of families."""
+    a, b = np.array(fa, dtype=object), np.array(fb, dtype=object)
+    k = np.full((len(fa), len(fb)), var["shared"])
+    for positions in _FACTORS:
+        same = np.ones_like(k, dtype=bool)
+        for p in positions:
+            same &= a[:, p][:, None] == b[:, p][None, :]
+        k += var["factor"] * same
+    same_family = np.array([[x == y for y in fb] for x in fa], dtype=bool).reshape(len(fa), len(fb))
+    return k + var["family"] * same_family
+
+
+def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.ndarray, fam_k: np.ndarray,
+            var: dict[str, float]) -> np.ndarray:
+    """k between configurations given as (family index, micro-batch); fam_k is the family-level kernel."""
+    same = fam_a[:, None] == fam_b[None, :]
+    dist = np.log2(mb_a.astype(float))[:, None] - np.log2(mb_b.astype(float))[None, :]
+    return fam_k[np.ix_(fam_a, fam_b)] + var["mb"] * same * np.exp(-0.5 * dist ** 2)
+
+
+def posterior(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> Posterior:
+    """The corrected log step-time error of every candidate, given the measured ones."""
+    ok = [o for o in observations if o.status in MEASURED and o.step_s]
+    errors = np.array([math.log(o.step_s / o.predicted_step_s) for o in ok])  # type: ignore[operator]
+    var = _variances(uncertainty, errors)
+    prior_std = math.sqrt(var["shared"] + len(_FACTORS) * var["factor"] + var["family"] + var["mb"] + var["own"])
+    if not ok:
+        return Posterior(np.zeros(len(cands)), np.full(len(cands), prior_std))
+    families = list(cands.families) + [o.family for o in ok if o.family not in cands.families]
+    index = {f: i for i, f in enumerate(families)}
+    fam_k = _family_kernel(families, families, var)
+    obs_fam = np.array([index[o.family] for o in ok])
+    obs_mb = np.array([o.micro_batch for o in ok])
+    k_oo = _kernel(obs_fam, obs_mb, obs_fam, obs_mb, fam_k, var)
+    k_oo += np.eye(len(ok)) * (var["own"] + NOISE_STD ** 2)
+    chol = np.linalg.cholesky(k_oo)
+    alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, errors))
+    k_co = _kernel(cands.family, cands.micro_batch, obs_fam, obs_mb, fam_k, var)
+    v = np.linalg.solve(chol, k_co.T)
+    variance = np.maximum(prior_std ** 2 - np.sum(v ** 2, axis=0), NOISE_STD ** 2)
+    return Posterior(k_co @ alpha, np.sqrt(variance))
+
+
+# -- memory ---------------------------------------------------------------------------------------------------
+
+def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty) -> tuple[float, float]:
+    """(lowest, highest) scale r of predicted peak memory that the runs so far allow."""
+    prior_low, prior_high = 1.0 - MEMORY_Z * uncertainty.memory_rel, 1.0 + MEMORY_Z * uncertainty.memory_rel
+    low, high = prior_low, prior_high
+    for o in observations:
+        if o.memory_ratio <= 0:
+            continue
+        # a run moves an edge, but not past the other prior edge: an OOM far below the predicted limit says more
+        # about that run (another process, the host) than about the memory model everywhere
+        if o.status in MEASURED:
+            high = min(high, max(1.0 / o.memory_ratio, prior_low))
+        elif o.status == "oom":
+            low = max(low, min(1.0 / o.memory_ratio, prior_high))
+    return (low, high) if low <= high else (high, low)  # contradicting runs (allocator noise): keep both edges
+
+
+def _monotone(cands: Candidates, observations: Sequence[Observation], p_fit: np.ndarray) -> np.ndarray:
+    """Within a family memory grows with micro-batch: an OOM rules out its family's larger micro-batches, a run
+    that fitted vouches for the smaller ones."""
+    p_fit = p_fit.copy()
+    for o in observations:
+        if o.family not in cands.families:
+            continue
+        same = cands.family == cands.families.index(o.family)
+        if o.status == "oom":
+            p_fit[same & (cands.micro_batch >= o.micro_batch)] = 0.0
+        elif o.status in MEASURED:
+            p_fit[same & (cands.micro_batch <= o.micro_batch)] = 1.0
+    return p_fit
+
+
+def fit_probability(memory_ratio: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+    """P(r x predicted <= capacity) for r log-uniform within the bounds."""
+    low, high = math.log(bounds[0]), math.log(bounds[1])
+    limit = -np.log(np.maximum(memory_ratio, 1e-12))  # log of the largest r that still fits
+    if high - low < 1e-9:
+        return (limit >= low).astype(float)
+    return np.clip((limit - low) / (high - low), 0.0, 1.0)
+
+
+# -- choosing -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Choice:
+    """The next experiment (index), or why there is none (index None, reason); goodness is log of the metric
+    (negated for latency) after the corrections, with its band."""
+
+    index: int | None
+    reason: str = ""
+    goodness: float = 0.0
+    goodness_low: float = 0.0
+    goodness_high: float = 0.0
+    step_s: float = 0.0
+    """Corrected predicted step time."""
+    fit_probability: float = 1.0
+
+
+def _expected_improvement(goodness: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
+    """E[max(0, X - best)] for X ~ N(goodness, std^2) (Jones, Schonlau & Welch 1998)."""
+    u = (goodness - best) / std
+    return std * np.exp(-0.5 * u ** 2) / math.sqrt(2 * math.pi) + (goodness - best) * ndtr(u)
+
+
+def measured_best(cands: Candidates, observations: Sequence[Observation]) -> float | None:
+    """The best measured goodness among this search's experiments (given measurements are not candidates)."""
+    values = [float(cands.gain[o.index]) - math.log(o.step_s) for o in observations
+              if o.index is not None and o.status == "ok" and o.step_s]
+    return max(values) if values else None
+
+
+def _choice(cands: Candidates, index: int, goodness: np.ndarray, post: Posterior, p_fit: np.ndarray) -> Choice:
+    i = int(index)
+    return Choice(i, "", float(goodness[i]), float(goodness[i] - BAND_Z * post.std[i]),
+                  float(goodness[i] + BAND_Z * post.std[i]), float(cands.step_s[i] * math.exp(post.mean[i])),
+                  float(p_fit[i]))
+
+
+def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
+           done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
+    """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
+    post = posterior(cands, observations, uncertainty)
+    p_fit = _monotone(cands, observations, fit_probability(cands.memory_ratio, memory_bounds(observations,
+                                                                                          uncertainty)))
+    goodness = cands.gain - np.log(cands.step_s) - post.mean
+    open_ = ~done & (p_fit > 0)
+    if not open_.any():
+        return Choice(None, "stopped: no configuration left that may fit in memory and was not run")
+    best = measured_best(cands, observations)
+    if best is None:
+        likely = open_ & (p_fit >= 0.5)
+        pool = likely if likely.any() else open_
+        score = np.where(pool, goodness if likely.any() else p_fit, -np.inf)
+        return _choice(cands, int(np.argmax(score)), goodness, post, p_fit)
+    bound = goodness + BAND_Z * post.std
+    can_beat = open_ & (bound > best + math.log1p(MIN_GAIN_REL if min_gain_rel is None else min_gain_rel))
+    if not can_beat.any():
+        top = int(np.argmax(np.where(open_, bound, -np.inf)))
+        short = 100 * (1 - math.exp(bound[top] - best))
+        return Choice(None, f"stopped: the best remaining prediction cannot beat the measured best within its "
+                            f"uncertainty (its optimistic bound falls {short:.1f}% short)", float(goodness[top]), float(goodness[top] - BAND_Z * post.std[top]),
+                      float(bound[top]), float(cands.step_s[top] * math.exp(post.mean[top])), float(p_fit[top]))
+    score = np.where(can_beat, _expected_improvement(goodness, post.std, best) * p_fit, -np.inf)
+    return _choice(cands, int(np.argmax(score)), goodness, post, p_fit)
+
+
+def run_search(cands: Candidates, uncertainty: Uncertainty, budget: int,
+               run: Callable[[Choice], Observation], initial: Sequence[Observation] = (),
+               done: np.ndarray | None = None) -> tuple[list[Observation], str | None]:
+    """Experiments until the stopping rule or the budget ends the search: (what ran, in order; the stop reason,
+    None when the budget ended it). `run` performs one chosen experiment (a real launch in `tune`, a look-up in
+    benchmarks.replay); `initial` measurements correct the predictions but are not experiments."""
+    observations, ran = list(initial), []
+    done = np.zeros(len(cands), dtype=bool) if done is None else done.copy()
+    while len(ran) < budget:
+        choice = choose(cands, observations, uncertainty, done)
+        if choice.index is None:
+            return ran, choice.reason
+        observation = run(choice)
+        done[choice.index] = True
+        observations.append(observation)
+        ran.append(observation)
+    return ran, None
+
+
+# -- the space of `tune` as candidates ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SearchTable:
+    """The space as the search sees it: validate.search.Candidates and the configuration behind each index."""
+
+    table: SpaceTable
+    candidates: Candidates
+    model_flops_per_gpu: np.ndarray
+
+    def config(self, index: int) -> DSConfig:
+        return self.table.config(*divmod(index, self.table.micro_batch.shape[0]))
+
+
+def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric: Metric) -> SearchTable:
+    """Every configuration of the space with its prediction, flattened (variant-major, as rank orders ties)."""
+    table = evaluate_space(job, space, efficiency)
+    hw = job.cluster.hardware
+    ratio = np.maximum(table.memory_bytes / hw.memory_bytes, table.host_bytes_per_node / hw.host_memory_bytes)
+    families = [family_of(v) for v in table.variants]
+    keys = tuple(dict.fromkeys(families))
+    family = np.repeat(np.array([keys.index(f) for f in families]), table.micro_batch.shape[0])
+    flops = np.asarray(table.model_flops_per_gpu, dtype=float).ravel()
+    samples = np.asarray(table.samples_per_step, dtype=float).ravel()
+    cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
+                       ratio.ravel(), metric_gain(metric, samples, flops))
+    return SearchTable(table, cands, flops)
+
+
+def prediction_of(choice: Choice, metric: Metric, memory_bytes: float) -> Prediction:
+    """The search's corrected prediction in the metric's unit; the band is the optimistic-pessimistic range."""
+    value = metric_of_goodness(metric, choice.goodness)
+    ends = sorted((metric_of_goodness(metric, choice.goodness_low), metric_of_goodness(metric, choice.goodness_high)))
+    return Prediction(choice.step_s, value, ends[0], ends[1], memory_bytes)
+
+
+def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
+    """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
+    from predictor import estimate
+    est = estimate(job, measurement.config, efficiency)
+    memory = est.memory
+    ratio = max(memory.total_bytes / memory.capacity_bytes,
+                memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))
+    ok = measurement.status in ("ok", "stopped")
+    return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
+                       est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None)
