@@ -54,7 +54,7 @@ WRONG_FACTOR = 2.0
 WRONG_MEMORY = 0.15
 DRAWS = 10
 """Wrong models drawn per group: one draw per group says little on data sets of a few groups."""
-PUBLISHED = ("vtrain_single", "bloom_tr11", "llmfoundry_mpt_fsdp")
+PUBLISHED = ("vtrain_single", "bloom_tr11", "llmfoundry_mpt_fsdp", "ds_autotuning_hf_v100")
 """data/measurements/published/<name>.jsonl files with comparable groups of configurations."""
 MEASUREMENTS_DIR = data_dir() / "measurements"
 _profile = lru_cache(maxsize=None)(load_profile_for)

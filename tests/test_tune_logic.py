@@ -368,14 +368,14 @@ def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: 
 
 def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tmp_path: Path) -> None:
     from calibrate.measurement import Measurement
-    from predictor import estimate
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=1)
     job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
     cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 0}}, world_size=WORLD)
-    # a profiling run measured 3x the predicted step time (uncalibrated prediction; the profile's differs)
-    given = Measurement(model=TINY, hardware="cpu", num_nodes=1, num_gpus_per_node=WORLD, seq_len=SEQ_LEN, config=cfg,
-                        status="ok", step_s=3 * estimate(job, cfg).time.step_s, source="profiling run")
     plain = tune(settings, FakeLauncher(), log=lambda _: None)
+    # a profiling run of the configuration tune chose measured 3x what tune predicted for it
+    assert plain.results[0].config.train_micro_batch_size_per_gpu == 8 and job.seq_len == SEQ_LEN
+    given = Measurement(model=TINY, hardware="cpu", num_nodes=1, num_gpus_per_node=WORLD, seq_len=SEQ_LEN, config=cfg,
+                        status="ok", step_s=3 * plain.results[0].prediction.step_s, source="profiling run")
     corrected = tune(_settings(tmp_path / "again", [6, 7, 8], [0], top_k=1), FakeLauncher(), log=lambda _: None,
                      initial=[given])
     assert len(corrected.results) == 1  # the given measurement did not use the budget of 1
