@@ -31,19 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, "") and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    # Run as a script, Python puts calibrate/ first on sys.path, where profile.py would shadow the standard
-    # library's `profile` that torch imports: put the repository root there instead.
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.checkpoint import checkpoint  # noqa: E402
-
-from calibrate.launch import write_json_atomic  # noqa: E402
-from predictor import ModelSpec, load_model  # noqa: E402
-from predictor.flops import micro_batch_flops  # noqa: E402
+from zerotune.calibrate.launch import write_json_atomic
+from zerotune.predictor import ModelSpec, load_model
+from zerotune.predictor.flops import micro_batch_flops
 
 __all__ = ["GPT", "build_model", "parse_args", "main"]
 
