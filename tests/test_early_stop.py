@@ -62,7 +62,9 @@ def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
                                                world_size=WORLD))
         calls.append(name)
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-        step = 0.01 if len(calls) == 1 else 0.1  # the first experiment is far faster than any other
+        # the first experiment runs at half its predicted speed (so the model still expects better elsewhere and
+        # a second experiment is run); the second is ten times slower again and must be stopped early
+        step = 0.02 if len(calls) == 1 else 0.2
         if spec.stop_rule is not None:
             for n in range(1, 6):  # the run's steps as they are logged, one by one (window: steps 3-5)
                 reason = spec.stop_rule((step,) * n)
@@ -80,11 +82,11 @@ def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
     assert len(outcome.results) == 2
     first, second = outcome.results
     assert first.status == "ok" and outcome.best is first
-    assert second.status == "stopped" and "cannot beat" in second.reason and second.step_s == pytest.approx(0.1)
+    assert second.status == "stopped" and "cannot beat" in second.reason and second.step_s == pytest.approx(0.2)
     recorded = json.loads((tmp_path / "r" / second.name / "exp.json").read_text())["result"]
     assert recorded["status"] == "stopped" and "cannot beat" in recorded["reason"]
     stored = {m.source.rsplit("/", 1)[-1]: m for m in read_jsonl(tmp_path / "r" / "measurements.jsonl")}
-    assert stored[second.name].status == "stopped" and stored[second.name].step_s == pytest.approx(0.1)
+    assert stored[second.name].status == "stopped" and stored[second.name].step_s == pytest.approx(0.2)
     assert "stopped early" in (tmp_path / "r" / "summary.txt").read_text()
 
 
