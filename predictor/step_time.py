@@ -27,7 +27,7 @@ from predictor.model import ModelSpec
 from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "tensor_parallel_allreduce_s", "last_micro_step_exposed",
            "TIME_TERMS"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
@@ -229,18 +229,37 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
+def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> int:
+    """Megatron's activation all-reduces per micro-step of the busiest stage: two per block in forward (after
+    attention's and the MLP's row-parallel GEMM), two in backward (before their column-parallel GEMMs) and two
+    more when the block is recomputed (Shoeybi et al. 2019, fig. 3-4); the vocabulary-parallel embedding's sum
+    on the first stage, the logits' input gradient and cross-entropy's max, sum-exp and target-logit on the
+    last (Megatron-LM mpu/layers.py VocabParallelEmbedding, mpu/cross_entropy.py)."""
+    layers = cfg.stage_layers(job.model.num_layers)
+    per_block = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
+    embedding = 1 if cfg.pp_size == 1 else 0
+    head = 4 if job.model.head == "lm" else 0
+    return per_block * layers + embedding + head
+
+
+def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_bytes: Batch) -> Batch:
+    """One tensor-parallel all-reduce of an activation: a ring over the node's links whose bus bandwidth rises
+    with the message as size / (size + n_1/2) (Hockney's half-performance length; NCCL's bus bandwidth climbs
+    through the 1-64 MB these messages span), plus the call's fixed cost."""
+    bandwidth, latency = intra_node_link(job, eff)
+    ramp = size_bytes / (size_bytes + eff.tensor_parallel_half_bandwidth_bytes)
+    ring = collective_s(Collective("all_reduce", size_bytes, 1, "forward_backward", True), cfg.mp_size,
+                        bandwidth * ramp, latency)
+    return ring + eff.tensor_parallel_call_s
+
+
 def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch) -> Batch:
-    """Megatron's tensor parallelism all-reduces activations twice per block in forward and twice in
-    backward (Shoeybi et al. 2019, fig. 4), and twice more when the block is recomputed."""
-    tp = cfg.mp_size
-    if tp == 1:
+    """Seconds per step of Megatron's tensor-parallel all-reduces: not overlapped with compute (the compute
+    stream waits on each: Megatron-LM mpu/mappings.py _reduce), so they add to the micro-step."""
+    if cfg.mp_size == 1:
         return 0.0
-    m = job.model
-    size = micro_batch * job.seq_len * m.hidden_size * DTYPE_BYTES[cfg.precision]
-    per_call = collective_s(Collective("all_reduce", size, 1, "forward_backward", True), tp,
-                            *intra_node_link(job, eff))
-    calls = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
-    return gas * cfg.stage_layers(m.num_layers) * calls * per_call
+    size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
+    return gas * _tensor_parallel_calls(job, cfg) * tensor_parallel_allreduce_s(job, cfg, eff, size)
 
 
 def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batch) -> tuple[float, Batch]:
