@@ -289,6 +289,20 @@ def _micro_step_overhead_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
     return eff.micro_step_overhead_s + 2 * tensors * eff.zero3_tensor_overhead_s
 
 
+def _pipeline_bubble_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> Batch:
+    """Idle seconds per step of 1F1B's fill and drain. With stages of times t_i, the busiest paces the steady
+    state and the fill and drain pass once through every other stage: sum over i != busiest of t_i (Narayanan
+    et al. 2021, sec. 2.2, with p - 1 equal stages). The last stage runs the logits and loss beside its blocks
+    and is the busiest; the others run blocks only (DeepSpeed PipelineModule, partition_method
+    'type:transformer' in Megatron-DeepSpeed's GPTModelPipe), the first also the embedding."""
+    if cfg.pp_size == 1:
+        return 0.0 * micro_batch
+    blocks_only = job.model.replace(head="none", final_norm=False)
+    inner = Job(blocks_only, job.cluster, job.seq_len)
+    fwd, bwd, rec, _ = compute_times(inner, cfg, eff, micro_batch)
+    return (cfg.pp_size - 1) * (fwd + bwd + rec)
+
+
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
                       ) -> tuple[dict[str, Batch], Batch, Batch]:
     """(breakdown per TIME_TERMS, all data-parallel communication, model FLOPs per GPU) per optimizer step of
@@ -297,8 +311,7 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     fwd, bwd, rec, model_flops = compute_times(job, cfg, eff, micro_batch)
     exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec, gas)
     optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff, gas)
-    # 1F1B fills and drains the pipe: pp - 1 micro-steps of idle per step (Narayanan et al. 2021, sec. 2.2).
-    bubble = (cfg.pp_size - 1) * (fwd + bwd + rec)
+    bubble = _pipeline_bubble_s(job, cfg, eff, micro_batch)
     breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
