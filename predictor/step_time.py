@@ -27,8 +27,8 @@ from predictor.model import ModelSpec
 from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "tensor_parallel_allreduce_s", "last_micro_step_exposed",
-           "TIME_TERMS"]
+           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "TIME_TERMS", "tensor_parallel_allreduce_s"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")

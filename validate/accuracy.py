@@ -46,7 +46,7 @@ from predictor.hardware import HardwareSpec
 from predictor.memory import state_bytes
 from predictor.units import TERA
 
-__all__ = ["Half", "model_half", "split_rows", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
+__all__ = ["Half", "model_half", "split_rows", "model_spec", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
            "score_rows", "score_dir", "format_markdown", "main", "SPEED_METRICS", "DEFAULT_DATA_DIR"]
 
 Half = Literal["fit", "test"]
