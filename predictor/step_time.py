@@ -118,10 +118,8 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
     rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     layers = cfg.stage_layers(m.num_layers)
-    sizes = tuple(np.asarray(b, dtype=float).ravel())
-    fwd, bwd, rec = (np.asarray(x).reshape(np.shape(b)) if isinstance(b, np.ndarray) else float(x[0])
-                     for x in _op_times(m, job.seq_len, rates, cfg.mp_size, layers, cfg.pp_size == 1,
-                                        cfg.activation_checkpointing.enabled, sizes))
+    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, b)
+    fwd, bwd, rec = np.maximum(dev_f, host_f), np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
     one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
     share = cfg.mp_size * m.num_layers / layers
     return fwd, bwd, rec, b * one.model_flops / share
@@ -156,20 +154,34 @@ def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
 
 @lru_cache(maxsize=64)
 def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
-              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(forward, backward, recompute) seconds of one stage at each micro-batch size. Cached: the variants of a
-    space differ in ZeRO knobs that leave compute alone, so ranking times each (model, device, sizes) once."""
+              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+    """(forward, backward, recompute) device seconds of one stage at each micro-batch size, then the host's
+    seconds launching their kernels. Cached: the variants of a space differ in ZeRO knobs that leave compute
+    alone, so ranking times each (model, device, sizes) once."""
     b = np.array(sizes)
     block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
     launch = rates.kernel_launch_s
-    fwd = np.maximum(layers * block.forward_s + outer.forward_s,
-                     launch * (layers * block.forward_kernels + outer.forward_kernels))
-    bwd = np.maximum(layers * block.backward_s + outer.backward_s,
-                     launch * (layers * block.backward_kernels + outer.backward_kernels))
-    rec = np.maximum(layers * block.forward_s, launch * layers * block.forward_kernels) if recompute else 0 * fwd
-    for column in (fwd, bwd, rec):
+    device = (layers * block.forward_s + outer.forward_s, layers * block.backward_s + outer.backward_s,
+              layers * block.forward_s * recompute)
+    host = (launch * (layers * block.forward_kernels + outer.forward_kernels),
+            launch * (layers * block.backward_kernels + outer.backward_kernels),
+            launch * layers * block.forward_kernels * recompute)
+    columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host)
+    for column in columns:
         column.setflags(write=False)  # shared between callers through the cache
-    return fwd, bwd, rec
+    return columns
+
+
+def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> tuple[Batch, ...]:
+    """_op_times of cfg's busiest stage, shaped like micro_batch: device (forward, backward, recompute) seconds,
+    then the host's (the same)."""
+    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
+    sizes = tuple(np.asarray(micro_batch, dtype=float).ravel())
+    columns = _op_times(job.model, job.seq_len, rates, cfg.mp_size, cfg.stage_layers(job.model.num_layers),
+                        cfg.pp_size == 1, cfg.activation_checkpointing.enabled, sizes)
+    if isinstance(micro_batch, np.ndarray):
+        return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
+    return tuple(float(c[0]) for c in columns)
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:
@@ -229,17 +241,16 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
-def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> int:
-    """Megatron's activation all-reduces per micro-step of the busiest stage: two per block in forward (after
-    attention's and the MLP's row-parallel GEMM), two in backward (before their column-parallel GEMMs) and two
-    more when the block is recomputed (Shoeybi et al. 2019, fig. 3-4); the vocabulary-parallel embedding's sum
-    on the first stage, the logits' input gradient and cross-entropy's max, sum-exp and target-logit on the
-    last (Megatron-LM mpu/layers.py VocabParallelEmbedding, mpu/cross_entropy.py)."""
+def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> tuple[int, int, int]:
+    """Megatron's activation all-reduces per micro-step of the busiest stage, (forward, backward, recompute):
+    two per block each way (after attention's and the MLP's row-parallel GEMM in forward, before their
+    column-parallel GEMMs in backward; Shoeybi et al. 2019, fig. 3-4); the vocabulary-parallel embedding's sum
+    on the first stage; on the last, cross-entropy's max, sum-exp and target logit forward and the logits'
+    input gradient backward (Megatron-LM mpu/layers.py VocabParallelEmbedding, mpu/cross_entropy.py)."""
     layers = cfg.stage_layers(job.model.num_layers)
-    per_block = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
-    embedding = 1 if cfg.pp_size == 1 else 0
-    head = 4 if job.model.head == "lm" else 0
-    return per_block * layers + embedding + head
+    lm = 1 if job.model.head == "lm" else 0
+    recompute = 2 * layers if cfg.activation_checkpointing.enabled else 0
+    return 2 * layers + (1 if cfg.pp_size == 1 else 0) + 3 * lm, 2 * layers + lm, recompute
 
 
 def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_bytes: Batch) -> Batch:
@@ -254,12 +265,19 @@ def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_b
 
 
 def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch) -> Batch:
-    """Seconds per step of Megatron's tensor-parallel all-reduces: not overlapped with compute (the compute
-    stream waits on each: Megatron-LM mpu/mappings.py _reduce), so they add to the micro-step."""
+    """Seconds per step that Megatron's tensor-parallel all-reduces add. NCCL runs each in order with the
+    kernels around it (the compute stream waits on it: Megatron-LM mpu/mappings.py _reduce) but the host only
+    enqueues it (torch.distributed waits stream on stream): each lengthens the device's side of its phase and
+    costs nothing where the host's launches bound the phase (the small-model, small-batch regime)."""
     if cfg.mp_size == 1:
-        return 0.0
+        return 0.0 * micro_batch
     size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
-    return gas * _tensor_parallel_calls(job, cfg) * tensor_parallel_allreduce_s(job, cfg, eff, size)
+    per_call = tensor_parallel_allreduce_s(job, cfg, eff, size)
+    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, micro_batch)
+    added = 0.0 * micro_batch
+    for calls, dev, host in zip(_tensor_parallel_calls(job, cfg), (dev_f, dev_b, dev_r), (host_f, host_b, host_r)):
+        added = added + np.maximum(dev + calls * per_call, host) - np.maximum(dev, host)
+    return gas * added
 
 
 def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batch) -> tuple[float, Batch]:
