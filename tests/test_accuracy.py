@@ -143,3 +143,131 @@ def test_megatron_rows_run_megatrons_gpt_not_the_hugging_face_entry() -> None:
     hugging_face = model_spec({**fields, "name": "gpt2-medium"}, 1024, "test", "DeepSpeed (Hugging Face)")
     assert megatron.activation == "gelu" and megatron.name == "GPT-h1024-L24"
     assert hugging_face.name == "gpt2-medium" and hugging_face.activation == "gelu_new"
+
+
+# -- the scorer itself, on constructed rows ---------------------------------------------------------------
+
+def exact_rows() -> list[tuple[str, dict[str, Any]]]:
+    """Rows whose measured values are zerotune's own predictions, in each metric's unit."""
+    rows = []
+    for number, micro in enumerate((1, 2, 4, 8), 1):
+        row = make_row(batch={"micro_batch": micro, "grad_accum": 8 // micro})  # global batch 128 in all
+        est = estimate(case_of(row).job, case_of(row).config)
+        row["metrics"] = {"step_time_s": est.time.step_s, "peak_memory_bytes": est.memory.total_bytes}
+        rows.append((f"exact:{number}", row))
+    row = make_row(recompute="full", notes="TFLOPs counts activation recompute")
+    case = case_of(row)
+    est, flops = estimate(case.job, case.config), micro_batch_flops(case.job.model, 4, 1024, recompute=True)
+    hardware_flops_per_gpu = est.flops_per_gpu * flops.total_flops / flops.model_flops
+    rows.append(("exact:5", {**row, "metrics": {"tflops_per_gpu": hardware_flops_per_gpu / 1e12}}))
+    return rows
+
+
+def test_exact_predictions_score_zero_error_and_full_agreement() -> None:
+    s = score_rows("exact", exact_rows())
+    assert s.num_scored == 5 and not s.skipped
+    assert s.speed_mape_pct == pytest.approx(0.0, abs=1e-9)
+    assert len(s.speed) == 5 and len(s.memory) == 4 and len(s.verdicts) == 5
+    assert s.memory_mape_pct("peak memory") == pytest.approx(0.0, abs=1e-9)
+    assert s.verdict_agreement == 1.0
+    assert len(s.rankings) == 1 and s.rankings[0].picked_best and s.rankings[0].pick_share_of_best == 1.0
+
+
+def test_ranking_detects_a_wrong_first_pick() -> None:
+    cases = [case_of(make_row(batch={"micro_batch": m, "grad_accum": 8 // m}), f"r:{i}")
+             for i, m in enumerate((1, 2, 4))]
+    speeds = [Comparison(f"r:{i}", "samples/s", measured, predicted)
+              for i, (measured, predicted) in enumerate([(100.0, 300.0), (150.0, 200.0), (120.0, 100.0)])]
+    wrong, = rank_groups(cases, speeds)
+    assert (wrong.best_measured, wrong.best_predicted, wrong.picked_best) == ("r:1", "r:0", False)
+    assert wrong.pick_share_of_best == pytest.approx(100.0 / 150.0)
+    right = [Comparison(c.row_id, c.metric, c.measured, c.measured) for c in speeds]
+    assert rank_groups(cases, right)[0].picked_best
+
+
+def test_hardware_flops_count_recompute_only_where_the_notes_say_so() -> None:
+    counted = make_row(recompute="full", metrics={"tflops_per_gpu": 100.0}, notes="counts recompute")
+    model_only = {**counted, "notes": "Model TFLOP (excludes recompute)"}
+    silent = {**counted, "notes": "nothing said"}
+    by_notes = {notes: score_rows("t", [("t:1", row)]) for notes, row in
+                (("counted", counted), ("model", model_only), ("silent", silent))}
+    ratio = by_notes["counted"].speed[0].predicted / by_notes["model"].speed[0].predicted
+    assert 1.0 < ratio <= 4 / 3  # one more forward of the blocks over forward + backward (3 forwards)
+    assert not by_notes["silent"].speed and "recompute" in by_notes["silent"].metric_skips[0].reason
+
+
+@pytest.mark.parametrize("changes,reason", [
+    ({"precision": "fp8"}, "fp8"),
+    ({"recompute": "selective"}, "selective"),
+    ({"parallel": {"sequence_parallel": True}}, "sequence parallelism"),
+    ({"hardware": "tpu-v9"}, "not in the catalog"),
+    ({"model": {"num_layers": None}}, "num_layers not given"),
+    ({"batch": {"micro_batch": None}}, "micro_batch not given"),
+    ({"parallel": {"dp": 8}}, "num_gpus_total"),
+], ids=["fp8", "selective", "sp", "hardware", "layers", "micro", "layout"])
+def test_rows_zerotune_cannot_express_name_the_reason(changes, reason) -> None:
+    skip = row_case(make_row(**changes), "s:1")
+    assert isinstance(skip, Skip) and reason in skip.reason
+
+
+def test_gaps_are_filled_as_documented() -> None:
+    # Null precision on an A100 (fp16 peak == bf16 peak) predicts as 16-bit; null zero_stage is Megatron's DP.
+    case = case_of(make_row(precision=None, parallel={"zero_stage": None}, batch={"grad_accum": None}))
+    assert case.config.precision == "fp16" and case.config.zero.stage == 0
+    assert case.config.gradient_accumulation_steps == 2  # global 128 / (micro 4 x dp 16)
+    # Llama 3.1 8B has Llama 3 8B's dimensions: the catalog entry brings GQA, SwiGLU and RMSNorm.
+    llama = case_of(make_row(model={"name": "Llama-3.1-8B", "num_layers": 32, "hidden_size": 4096,
+                                    "num_heads": 32, "ffn_hidden_size": 14336, "vocab_size": 128256}))
+    assert (llama.job.model.num_kv_heads, llama.job.model.gated_mlp, llama.job.model.norm) == (8, True, "rmsnorm")
+
+
+def test_cli_prints_and_writes_the_table(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "exact.jsonl").write_text("".join(json.dumps(row) + "\n" for _, row in exact_rows()))
+    assert main(["--data", str(data), "--markdown", str(tmp_path / "report.md"), "--half", "all"]) == 0
+    printed = capsys.readouterr().out
+    table = format_markdown(score_dir(data, half="all"))
+    assert printed == (tmp_path / "report.md").read_text() == "Models scored: all half\n\n" + table
+    assert "| exact | 5 | 5 | 0 |" in printed
+    assert main(["--data", str(tmp_path / "empty")]) == 2
+    assert "no *.jsonl files" in capsys.readouterr().err
+
+
+def test_accuracy_module_imports_no_torch() -> None:
+    code = "import sys, validate.accuracy; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
+
+
+def test_a_run_zerotune_calls_out_of_memory_is_a_disagreeing_verdict() -> None:
+    # 512 sequences of 8192 tokens per GPU without recompute need terabytes of activations (Korthikanti eq. 2).
+    row = make_row(batch={"micro_batch": 512, "grad_accum": 1, "global_batch": 8192, "seq_len": 8192})
+    s = score_rows("oom", [("oom:1", row)])
+    assert s.verdicts[0].measured_fits and not s.verdicts[0].predicted_fits and s.verdict_agreement == 0.0
+
+
+# -- the split by model ----------------------------------------------------------------------------------
+
+def test_every_data_set_splits_by_model_into_two_disjoint_halves() -> None:
+    for path in sorted(DEFAULT_DATA_DIR.glob("*.jsonl")):
+        rows = read_rows(path)
+        fit, test = split_rows(rows, "fit"), split_rows(rows, "test")
+        assert len(fit) + len(test) == len(rows), path.name
+        fit_models = {row["model"]["name"] for _, row in fit}
+        test_models = {row["model"]["name"] for _, row in test}
+        assert not fit_models & test_models, path.name  # no model on both sides
+        if len(fit_models | test_models) > 1:
+            assert fit_models and test_models, path.name
+
+
+def test_split_is_fixed_by_model_name() -> None:
+    # the GPT-2 large table of seed 002 is held out; the split cannot drift with row order
+    names = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base-cased", "bert-large-uncased",
+             "distilbert-base-uncased", "deberta-v2-xxlarge"]
+    assert model_half(names, "gpt2-large") == "test" == model_half(list(reversed(names)), "gpt2-large")
+    assert model_half(names, "gpt2") == "fit"
+
+
+def test_report_defaults_to_the_test_half(capsys) -> None:
+    assert main([]) == 0
+    assert capsys.readouterr().out.startswith("Models scored: test half")
