@@ -116,7 +116,6 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
     m = job.model
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
-    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     layers = cfg.stage_layers(m.num_layers)
     dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, b)
     fwd, bwd, rec = np.maximum(dev_f, host_f), np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
