@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from predictor import DSConfig, Efficiency, ZeroConfig, estimate, estimate_time
-from predictor.dsconfig import ActivationCheckpointing
-from predictor.flops import micro_batch_flops
-from predictor.model import ModelSpec
-from predictor.step_time import TIME_TERMS, data_parallel_collectives
-from predictor.zero_mechanics import zero3_trace
+from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate, estimate_time
+from zerotune.predictor.dsconfig import ActivationCheckpointing
+from zerotune.predictor.flops import micro_batch_flops
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.step_time import TIME_TERMS, data_parallel_collectives
+from zerotune.predictor.zero_mechanics import zero3_trace
 from tests.conftest import make_job
 
 EFF = Efficiency()
@@ -116,8 +116,8 @@ def test_recompute_costs_one_more_forward() -> None:
 def test_pipeline_bubble_and_stage_share():
     """1F1B pipeline (Narayanan et al. 2021, sec. 2.2): each stage computes 1/pp of the blocks per micro-batch, the
     busiest (last, with the logits) paces the steady state and the fill and drain pass through the others."""
-    from predictor import DSConfig, estimate_time
-    from predictor.dsconfig import ZeroConfig
+    from zerotune.predictor import DSConfig, estimate_time
+    from zerotune.predictor.dsconfig import ZeroConfig
     from tests.conftest import make_job
     job = make_job("gpt2-xl", "a100-80gb", 1, 8, 1024)
     flat = DSConfig(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=8, precision="bf16",
@@ -145,9 +145,9 @@ def test_tensor_parallel_cost_matches_vtrain_at_equal_work_per_gpu(tp: int, meas
     # with micro-batch = tp every GPU runs the same GEMMs as tp 1 at micro-batch 1, and the slope of step time
     # over accumulation steps (ms per micro-step) grew by 11.4, 17.7 and 35.0 ms at tp 2, 4 and 8. Megatron's
     # all-reduces (6 per block, + embedding and loss) account for it within 25%.
-    from predictor.catalog import load_hardware
-    from predictor.hardware import ClusterSpec
-    from predictor.job import Job
+    from zerotune.predictor.catalog import load_hardware
+    from zerotune.predictor.hardware import ClusterSpec
+    from zerotune.predictor.job import Job
     model = ModelSpec(name="GPT-h2048-L12", num_layers=12, hidden_size=2048, num_heads=16, num_kv_heads=16,
                       ffn_hidden_size=8192, vocab_size=50257, max_position_embeddings=1024)
     job = Job(model, ClusterSpec(load_hardware("a100-80gb"), 1, 8), 1024)
