@@ -55,6 +55,16 @@ class Efficiency:
     intra_node_bandwidth_efficiency: float = 0.75
     """Achieved bus bandwidth / link peak within a node (nccl-tests busbw on NVLink is ~75-80% of peak)."""
     inter_node_bandwidth_efficiency: float = 0.8
+    tensor_parallel_half_bandwidth_bytes: float = 8e6
+    """Message size at which a tensor-parallel all-reduce reaches half the intra-node bus bandwidth (Hockney's
+    n_1/2): Megatron's activation all-reduces (micro-batch x seq x hidden, 4-64 MB) sit on NCCL's bandwidth
+    ramp. Uncalibrated default 8 MB, with tensor_parallel_call_s, chosen on the fit half of vTrain's A100 runs
+    (zerotune.validate.accuracy --half fit): for the 12-layer 2048-wide model at equal work per GPU (micro-batch = tp =
+    1, 2, 4, 8) each micro-step grew by 11, 18 and 35 ms over tp 1, which 6 all-reduces per block take at
+    65 us + rings of 53-115 GB/s bus bandwidth; of 4, 8, 16 and 32 MB, 8 and 65 us ranked best."""
+    tensor_parallel_call_s: float = 65e-6
+    """Fixed seconds of one tensor-parallel all-reduce beyond its ring steps: the autograd function, NCCL's
+    launch and the compute stream's wait on it (the fit above)."""
     intra_node_latency_s: float | None = None
     """Per-ring-step latency of a collective within a node; None takes the hardware catalog's figure."""
     inter_node_latency_s: float | None = None

@@ -172,6 +172,33 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     return fwd, bwd, kernels_f + 2, kernels_b + 2  # + bias adds the GEMM epilogue does not fuse
 
 
+def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates
+                            ) -> tuple[Batch, Batch, int, int]:
+    """(forward s, backward s, forward kernels, backward kernels) of DeBERTa-v2's disentangled attention beyond
+    the content scores (He et al. 2021, eq. 2-4; transformers models/deberta_v2 DisentangledSelfAttention and
+    disentangled_attention_bias, share_att_key): the 2 x buckets relative embeddings projected by the key and
+    query weights and repeated per sample, content-to-position and position-to-content batched matmuls (s x 2k
+    per head), each gathered back to s x s, divided by sqrt(3 d) and added to the scores; the probabilities'
+    StableDropout draws its mask as four more passes (bernoulli, 1 - x, bool, scale). Backward: the matmuls'
+    two GEMMs each, the gathers as zero-fill + scatter-add over s x 2k, the repeats as sums. These matmuls are
+    not in flops.py's model FLOPs (what MFU counts)."""
+    if not model.relative_position_buckets:
+        return 0 * b, 0 * b, 0, 0
+    h, d, rows = model.hidden_size, model.head_dim, 2 * model.relative_position_buckets
+    heads = b * model.num_heads / tp
+    proj_f = 2 * gemm_s(rows, h / tp, h, 1, rates)
+    proj_b = 2 * (gemm_s(rows, h, h / tp, 1, rates) + gemm_s(h, h / tp, rows, 1, rates))
+    mm_f = 2 * gemm_s(s, rows, d, heads, rates)
+    mm_b = 2 * (gemm_s(s, d, rows, heads, rates) + gemm_s(rows, d, s, heads, rates))
+    repeats, scores, wide = heads * rows * d, heads * s * s, heads * s * rows
+    fwd = (proj_f + mm_f + 2 * _elementwise(repeats, 1, 1, 0, rates)
+           + _elementwise(scores, 8 + 3, 6 + 3.5, 0, rates))  # gathers, divisions, adds; dropout's mask passes
+    bwd = (proj_b + mm_b + 2 * _elementwise(repeats, 1, 1, 0, rates)
+           + 2 * _elementwise(wide, 0, 1, 0, rates) + _elementwise(scores, 2 + 2, 2 + 2, 0, rates))
+    kernels_f, kernels_b = 19 + 4, 16
+    return fwd, bwd, kernels_f, kernels_b
+
+
 def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:
     """One transformer block on one tensor-parallel rank."""
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
@@ -181,10 +208,11 @@ def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates)
              _linear(tokens, h, ups * f / tp, rates), _linear(tokens, f / tp, h, rates),
              _attention(model, b, s, tp, rates)]
     mem_f, mem_b, kernels_f, kernels_b = _block_memory_ops(model, b, s, tp, rates)
+    rel_f, rel_b, rel_kf, rel_kb = _disentangled_attention(model, b, s, tp, rates)
     flops = sum(p[2] for p in parts)
     gemm_kernels = 4 + (1 if model.attention == "flash" else 2)
-    return PhaseTimes(sum(p[0] for p in parts) + mem_f, sum(p[1] for p in parts) + mem_b,
-                      gemm_kernels + kernels_f, 2 * gemm_kernels + kernels_b, flops,
+    return PhaseTimes(sum(p[0] for p in parts) + mem_f + rel_f, sum(p[1] for p in parts) + mem_b + rel_b,
+                      gemm_kernels + kernels_f + rel_kf, 2 * gemm_kernels + kernels_b + rel_kb, flops,
                       BACKWARD_PER_FORWARD * flops)
 
 

@@ -33,7 +33,7 @@ from zerotune.predictor.zero_mechanics import grad_reduction, runtime_overhead_s
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
-           "TIME_TERMS"]
+           "TIME_TERMS", "tensor_parallel_allreduce_s"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")
@@ -128,12 +128,9 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
     spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
     m = job.model
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
-    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     layers = cfg.stage_layers(m.num_layers)
-    sizes = tuple(np.asarray(b, dtype=float).ravel())
-    fwd, bwd, rec = (np.asarray(x).reshape(np.shape(b)) if isinstance(b, np.ndarray) else float(x[0])
-                     for x in _op_times(m, job.seq_len, rates, cfg.mp_size, layers, cfg.pp_size == 1,
-                                        cfg.activation_checkpointing.enabled, sizes))
+    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, b)
+    fwd, bwd, rec = np.maximum(dev_f, host_f), np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
     one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
     share = cfg.mp_size * m.num_layers / layers
     return fwd, bwd, rec, b * one.model_flops / share
@@ -168,20 +165,34 @@ def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
 
 @lru_cache(maxsize=64)
 def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
-              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(forward, backward, recompute) seconds of one stage at each micro-batch size. Cached: the variants of a
-    space differ in ZeRO knobs that leave compute alone, so ranking times each (model, device, sizes) once."""
+              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+    """(forward, backward, recompute) device seconds of one stage at each micro-batch size, then the host's
+    seconds launching their kernels. Cached: the variants of a space differ in ZeRO knobs that leave compute
+    alone, so ranking times each (model, device, sizes) once."""
     b = np.array(sizes)
     block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
     launch = rates.kernel_launch_s
-    fwd = np.maximum(layers * block.forward_s + outer.forward_s,
-                     launch * (layers * block.forward_kernels + outer.forward_kernels))
-    bwd = np.maximum(layers * block.backward_s + outer.backward_s,
-                     launch * (layers * block.backward_kernels + outer.backward_kernels))
-    rec = np.maximum(layers * block.forward_s, launch * layers * block.forward_kernels) if recompute else 0 * fwd
-    for column in (fwd, bwd, rec):
+    device = (layers * block.forward_s + outer.forward_s, layers * block.backward_s + outer.backward_s,
+              layers * block.forward_s * recompute)
+    host = (launch * (layers * block.forward_kernels + outer.forward_kernels),
+            launch * (layers * block.backward_kernels + outer.backward_kernels),
+            launch * layers * block.forward_kernels * recompute)
+    columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host)
+    for column in columns:
         column.setflags(write=False)  # shared between callers through the cache
-    return fwd, bwd, rec
+    return columns
+
+
+def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> tuple[Batch, ...]:
+    """_op_times of cfg's busiest stage, shaped like micro_batch: device (forward, backward, recompute) seconds,
+    then the host's (the same)."""
+    rates = device_rates(job.cluster.hardware, cfg.precision, eff)
+    sizes = tuple(np.asarray(micro_batch, dtype=float).ravel())
+    columns = _op_times(job.model, job.seq_len, rates, cfg.mp_size, cfg.stage_layers(job.model.num_layers),
+                        cfg.pp_size == 1, cfg.activation_checkpointing.enabled, sizes)
+    if isinstance(micro_batch, np.ndarray):
+        return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
+    return tuple(float(c[0]) for c in columns)
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:
@@ -246,18 +257,43 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
+def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> tuple[int, int, int]:
+    """Megatron's activation all-reduces per micro-step of the busiest stage, (forward, backward, recompute):
+    two per block each way (after attention's and the MLP's row-parallel GEMM in forward, before their
+    column-parallel GEMMs in backward; Shoeybi et al. 2019, fig. 3-4); the vocabulary-parallel embedding's sum
+    on the first stage; on the last, cross-entropy's max, sum-exp and target logit forward and the logits'
+    input gradient backward (Megatron-LM mpu/layers.py VocabParallelEmbedding, mpu/cross_entropy.py)."""
+    layers = cfg.stage_layers(job.model.num_layers)
+    lm = 1 if job.model.head == "lm" else 0
+    recompute = 2 * layers if cfg.activation_checkpointing.enabled else 0
+    return 2 * layers + (1 if cfg.pp_size == 1 else 0) + 3 * lm, 2 * layers + lm, recompute
+
+
+def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_bytes: Batch) -> Batch:
+    """One tensor-parallel all-reduce of an activation: a ring over the node's links whose bus bandwidth rises
+    with the message as size / (size + n_1/2) (Hockney's half-performance length; NCCL's bus bandwidth climbs
+    through the 1-64 MB these messages span), plus the call's fixed cost."""
+    bandwidth, latency = intra_node_link(job, eff)
+    ramp = size_bytes / (size_bytes + eff.tensor_parallel_half_bandwidth_bytes)
+    ring = collective_s(Collective("all_reduce", size_bytes, 1, "forward_backward", True), cfg.mp_size,
+                        bandwidth * ramp, latency)
+    return ring + eff.tensor_parallel_call_s
+
+
 def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch) -> Batch:
-    """Megatron's tensor parallelism all-reduces activations twice per block in forward and twice in
-    backward (Shoeybi et al. 2019, fig. 4), and twice more when the block is recomputed."""
-    tp = cfg.mp_size
-    if tp == 1:
-        return 0.0
-    m = job.model
-    size = micro_batch * job.seq_len * m.hidden_size * DTYPE_BYTES[cfg.precision]
-    per_call = collective_s(Collective("all_reduce", size, 1, "forward_backward", True), tp,
-                            *intra_node_link(job, eff))
-    calls = 4 + (2 if cfg.activation_checkpointing.enabled else 0)
-    return gas * cfg.stage_layers(m.num_layers) * calls * per_call
+    """Seconds per step that Megatron's tensor-parallel all-reduces add. NCCL runs each in order with the
+    kernels around it (the compute stream waits on it: Megatron-LM mpu/mappings.py _reduce) but the host only
+    enqueues it (torch.distributed waits stream on stream): each lengthens the device's side of its phase and
+    costs nothing where the host's launches bound the phase (the small-model, small-batch regime)."""
+    if cfg.mp_size == 1:
+        return 0.0 * micro_batch
+    size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
+    per_call = tensor_parallel_allreduce_s(job, cfg, eff, size)
+    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, micro_batch)
+    added = 0.0 * micro_batch
+    for calls, dev, host in zip(_tensor_parallel_calls(job, cfg), (dev_f, dev_b, dev_r), (host_f, host_b, host_r)):
+        added = added + np.maximum(dev + calls * per_call, host) - np.maximum(dev, host)
+    return gas * added
 
 
 def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batch) -> tuple[float, Batch]:
@@ -298,6 +334,20 @@ def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float
     return eff.micro_step_overhead_s + micro, eff.step_overhead_s + step
 
 
+def _pipeline_bubble_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> Batch:
+    """Idle seconds per step of 1F1B's fill and drain. With stages of times t_i, the busiest paces the steady
+    state and the fill and drain pass once through every other stage: sum over i != busiest of t_i (Narayanan
+    et al. 2021, sec. 2.2, with p - 1 equal stages). The last stage runs the logits and loss beside its blocks
+    and is the busiest; the others run blocks only (DeepSpeed PipelineModule, partition_method
+    'type:transformer' in Megatron-DeepSpeed's GPTModelPipe), the first also the embedding."""
+    if cfg.pp_size == 1:
+        return 0.0 * micro_batch
+    blocks_only = job.model.replace(head="none", final_norm=False)
+    inner = Job(blocks_only, job.cluster, job.seq_len)
+    fwd, bwd, rec, _ = compute_times(inner, cfg, eff, micro_batch)
+    return (cfg.pp_size - 1) * (fwd + bwd + rec)
+
+
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
                       ) -> tuple[dict[str, Batch], Batch, Batch]:
     """(breakdown per TIME_TERMS, all data-parallel communication, model FLOPs per GPU) per optimizer step of
@@ -307,8 +357,7 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     exposed, comm_total = _data_parallel_exposed(job, cfg, eff, fwd, bwd, rec, gas)
     optimizer_s, offload_s = _optimizer_and_offload_s(job, cfg, eff, gas)
     per_micro_s, per_step_s = _overheads_s(job, cfg, eff)
-    # 1F1B fills and drains the pipe: pp - 1 micro-steps of idle per step (Narayanan et al. 2021, sec. 2.2).
-    bubble = (cfg.pp_size - 1) * (fwd + bwd + rec)
+    bubble = _pipeline_bubble_s(job, cfg, eff, micro_batch)
     breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),

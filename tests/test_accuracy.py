@@ -16,7 +16,7 @@ import pytest
 from zerotune.predictor import estimate
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, DataSetScore, Skip, format_markdown, main,
-                               model_half, rank_groups, read_rows, row_case, score_dir, score_rows,
+                               model_half, model_spec, rank_groups, read_rows, row_case, score_dir, score_rows,
                                split_rows)
 
 TEMPLATE: dict[str, Any] = {
@@ -88,9 +88,10 @@ def test_extension_only_rows_are_skipped_for_that_reason(scores) -> None:
 
 # (data set, measured speed MAPE % on the test half when written, bound), operator-level model (ops.py),
 # uncalibrated: bloom 47 rows, Korthikanti Table 5 2 rows, llm-foundry 102, vtrain 720 + 62, the HF models on
-# 16 V100 23 rows (DeBERTa's disentangled attention is not modelled; BERT runs in fp32 there).
-SPEED_BOUNDS = [("bloom_tr11", 12.5, 15.0), ("korthikanti2022_table5", 22.3, 27.0),
-                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 12.7, 16.0), ("vtrain_single", 15.5, 19.0),
+# 16 V100 23 rows (their ZeRO stage costs are modelled beside this; BERT runs in fp32 there). Megatron rows run
+# Megatron's GPT (not the Hugging Face entry their dimensions match), with its tensor-parallel all-reduces.
+SPEED_BOUNDS = [("bloom_tr11", 11.9, 15.0), ("korthikanti2022_table5", 23.8, 27.0),
+                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 13.4, 16.0), ("vtrain_single", 10.4, 14.0),
                 ("ds_autotuning_hf_v100", 29.2, 34.0)]
 
 
@@ -130,12 +131,24 @@ def test_fit_verdicts_agree_where_measured(scores) -> None:
 
 def test_ranking_guard_on_vtrain_single(test_half) -> None:
     # 72 groups of the test half (same model, GPUs and global batch, pipelined layouts included); zerotune's
-    # first pick is the measured best in 40 (56%) and reaches 95.1% of the best's throughput on average when
-    # written (the saturating-curve model before it: 33 / 72 and 92.9%).
+    # first pick is the measured best in 49 (68%) and reaches 96.2% of the best's throughput on average when
+    # written, with DeepSpeed's per-stage runtime costs (zero_mechanics.py) charged to these Megatron-DeepSpeed
+    # runs (before Megatron's tensor-parallel costs and stage-aware bubble: 40 / 72 and 95.1%).
     s = test_half["vtrain_single"]
     assert len(s.rankings) == 72
-    assert s.ranked_first_share >= 0.5
-    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.93
+    assert s.ranked_first_share >= 0.65
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.955
+
+
+def test_megatron_rows_run_megatrons_gpt_not_the_hugging_face_entry() -> None:
+    # vTrain's GPT-h1024-L24 has GPT-2 medium's dimensions, but Megatron runs its own GPT: fused GeLU, not
+    # Hugging Face's eight-kernel gelu_new (the catalog's gpt2-medium); an HF row keeps the catalog entry.
+    fields = {"name": "GPT-h1024-L24", "num_layers": 24, "hidden_size": 1024, "num_heads": 16,
+              "ffn_hidden_size": 4096, "vocab_size": 50257}
+    megatron = model_spec(fields, 1024, "test", "Megatron-DeepSpeed")
+    hugging_face = model_spec({**fields, "name": "gpt2-medium"}, 1024, "test", "DeepSpeed (Hugging Face)")
+    assert megatron.activation == "gelu" and megatron.name == "GPT-h1024-L24"
+    assert hugging_face.name == "gpt2-medium" and hugging_face.activation == "gelu_new"
 
 
 # -- the scorer itself, on constructed rows ---------------------------------------------------------------

@@ -102,3 +102,17 @@ def test_catalog_rejects_a_matmul_figure_for_a_precision_without_a_peak(tmp_path
     path.write_text(text)
     with pytest.raises(ValueError, match="matmul_tflops must be given for exactly the precisions with a peak"):
         load_hardware(str(path))
+
+
+def test_disentangled_attention_costs_deberta_its_relative_position_work() -> None:
+    # DeBERTa-v2's c2p / p2c matmuls (s x 2k per head) and their gathers over s x s run beside the content
+    # scores; without them zerotune predicted deberta-v2-xxlarge 1.7-2.0x the throughput measured on 16 V100
+    # (ds_autotuning_hf_v100.jsonl, fit half). A GPT-style block of the same widths has none of that work.
+    model = load_model("deberta-v2-xxlarge")
+    rates = device_rates(load_hardware("v100-32gb"), "fp16", Efficiency())
+    plain = layer_times(model.replace(relative_position_buckets=0), 11, 256, 1, rates)
+    deberta = layer_times(model, 11, 256, 1, rates)
+    assert deberta.forward_flops == plain.forward_flops  # model FLOPs: what MFU counts
+    assert 1.2 < float(deberta.forward_s) / float(plain.forward_s) < 1.6
+    assert 1.1 < float(deberta.backward_s) / float(plain.backward_s) < 1.5
+    assert deberta.forward_kernels > plain.forward_kernels

@@ -46,7 +46,7 @@ from zerotune.predictor.hardware import HardwareSpec
 from zerotune.predictor.memory import state_bytes
 from zerotune.predictor.units import TERA
 
-__all__ = ["Half", "model_half", "split_rows", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
+__all__ = ["Half", "model_half", "split_rows", "model_spec", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
            "score_rows", "score_dir", "format_markdown", "main", "SPEED_METRICS", "DEFAULT_DATA_DIR"]
 
 Half = Literal["fit", "test"]
@@ -181,13 +181,16 @@ def _same_family(name: str, dims: tuple[int, ...]) -> ModelSpec | None:
     return None
 
 
-def model_spec(fields: dict[str, Any], seq_len: int, source: str) -> ModelSpec | str:
-    """The catalog model with the row's dimensions, else a GPT-style ModelSpec; a str says what is missing."""
+def model_spec(fields: dict[str, Any], seq_len: int, source: str, framework: str = "") -> ModelSpec | str:
+    """The catalog model with the row's dimensions, else a GPT-style ModelSpec; a str says what is missing.
+    A Megatron row runs Megatron's own GPT whatever its dimensions match: the catalog's entries are the Hugging
+    Face implementations (GPT-2's eight-kernel gelu_new, GPT-Neo without dropout), which Megatron does not run."""
     missing = [d for d in MODEL_DIMS if not fields.get(d)]
     if missing:
         return f"model {', '.join(missing)} not given (source gives a nominal size only)"
     dims = tuple(int(fields[d]) for d in MODEL_DIMS)
-    known = _catalog_by_dims().get(dims) or _same_family(str(fields.get("name") or ""), dims)
+    known = None if framework.startswith("Megatron") else (
+        _catalog_by_dims().get(dims) or _same_family(str(fields.get("name") or ""), dims))
     if known is not None:
         return known if known.position_embedding != "learned" or seq_len <= known.max_position_embeddings \
             else known.replace(max_position_embeddings=seq_len)
@@ -262,7 +265,7 @@ def row_case(row: dict[str, Any], row_id: str) -> Case | Skip:
     for problem in (batch, cluster):
         if isinstance(problem, str):
             return Skip(row_id, problem)
-    model = model_spec(row["model"], row["batch"]["seq_len"], row["source"])
+    model = model_spec(row["model"], row["batch"]["seq_len"], row["source"], str(row["framework"]))
     if isinstance(model, str):
         return Skip(row_id, model)
     if "flash attention" in str(row.get("notes", "")).lower():
