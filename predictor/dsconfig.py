@@ -9,6 +9,7 @@ deepspeed/runtime/zero/config.py and offload_config.py (DeepSpeed 0.19).
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,7 +19,25 @@ from predictor.hardware import Precision
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",
-           "optimizer_state_bytes_per_param"]
+           "optimizer_state_bytes_per_param", "MAX_MICRO_BATCH", "MAX_GRAD_ACCUM", "MAX_PARALLEL"]
+
+MAX_MICRO_BATCH = 65_536
+"""Largest train_micro_batch_size_per_gpu accepted: 64x DeepSpeed's autotuning default maximum (1024). The
+tuning space lists every size up to the maximum, so 1e9 would take gigabytes before predicting anything."""
+MAX_GRAD_ACCUM = 1_048_576
+"""Largest gradient_accumulation_steps accepted (2^20): beyond it samples per step overflow int64 arithmetic."""
+MAX_PARALLEL = 4096
+"""Largest tensor- or pipeline-parallel degree accepted."""
+_MAXIMA = {"train_micro_batch_size_per_gpu": MAX_MICRO_BATCH, "max_train_micro_batch_size_per_gpu": MAX_MICRO_BATCH,
+           "min_train_micro_batch_size_per_gpu": MAX_MICRO_BATCH, "num_tuning_micro_batch_sizes": MAX_MICRO_BATCH,
+           "gradient_accumulation_steps": MAX_GRAD_ACCUM, "mp_size": MAX_PARALLEL, "stages": MAX_PARALLEL,
+           "start_profile_step": 100_000, "end_profile_step": 100_000, "tuner_num_trials": 100_000,
+           "tuner_early_stopping": 100_000, "min_train_batch_size": MAX_MICRO_BATCH * MAX_GRAD_ACCUM,
+           "max_train_batch_size": MAX_MICRO_BATCH * MAX_GRAD_ACCUM,
+           "train_batch_size": MAX_MICRO_BATCH * MAX_GRAD_ACCUM}
+_MINIMA = {"mp_size": 1, "tuner_num_trials": 1, "max_train_micro_batch_size_per_gpu": 1,
+           "min_train_micro_batch_size_per_gpu": 1, "num_tuning_micro_batch_sizes": 1, "max_train_batch_size": 1,
+           "min_train_batch_size": 1}
 
 ZeroStage = Literal[0, 1, 2, 3]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -189,6 +208,11 @@ class DSConfig:
         """Data-parallel ranks: the GPUs over tensor and pipeline parallelism."""
         return world_size // self.model_parallel_size
 
+    def samples_per_step(self, world_size: int) -> int:
+        """Samples per optimizer step, DeepSpeed's train_batch_size: micro-batch x accumulation x data-parallel
+        ranks (deepspeed/runtime/config.py _batch_assertion). Tensor- and pipeline-parallel ranks share samples."""
+        return self.train_micro_batch_size_per_gpu * self.gradient_accumulation_steps * self.dp_size(world_size)
+
     @property
     def grad_precision(self) -> Precision:
         return self.grad_accum_dtype or self.precision
@@ -267,7 +291,8 @@ def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
 
 def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
          auto: int | None = None) -> int | None:
-    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral."""
+    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral. Counts that size
+    what zerotune enumerates have a maximum (_MAXIMA); element counts (buckets) only need to be finite."""
     name = f"{path}.{key}" if path else key
     value = sec.get(key, default)
     if value == AUTO:
@@ -276,10 +301,16 @@ def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum:
         raise _list_error(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ValueError(f"ds_config {name} must be an integer, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
+        raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")
+    minimum = max(minimum, _MINIMA.get(key, minimum))
     if value < minimum:
         raise ValueError(f"ds_config {name} must be at least {minimum}, got {value!r}")
+    maximum = _MAXIMA.get(key, 2**62)
+    if value > maximum:
+        raise ValueError(f"ds_config {name} {value:g} is above the {maximum:,} zerotune accepts; use a smaller "
+                         f"value")
     return int(value)
 
 
@@ -378,14 +409,25 @@ def _autotuning(doc: dict[str, Any]) -> AutotuningConfig:
         default = getattr(defaults, key)
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ValueError(f"ds_config autotuning.{key} must be true or false, got {value!r}")
-        if isinstance(default, int) and not isinstance(default, bool) and key != "max_train_batch_size":
-            _int(sec, "autotuning", key, default)
+        if (isinstance(default, int) and not isinstance(default, bool)) or key == "max_train_batch_size":
+            sec[key] = _int(sec, "autotuning", key, default)
+    if sec.get("min_train_micro_batch_size_per_gpu", 1) > sec.get("max_train_micro_batch_size_per_gpu", 1024):
+        raise ValueError(f"ds_config autotuning.min_train_micro_batch_size_per_gpu "
+                         f"{sec['min_train_micro_batch_size_per_gpu']} is above max_train_micro_batch_size_per_gpu "
+                         f"{sec.get('max_train_micro_batch_size_per_gpu', 1024)}; make min <= max")
     return dataclasses.replace(defaults, **sec)
 
 
 def resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
     """(micro_batch, grad_accum) from the batch triple, as DeepSpeed's config checks it:
     train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * data-parallel size."""
+    micro, gas = _resolve_batch(doc, dp_world_size)
+    _int({"train_micro_batch_size_per_gpu": micro}, "", "train_micro_batch_size_per_gpu", None, 1)
+    _int({"gradient_accumulation_steps": gas}, "", "gradient_accumulation_steps", None, 1)
+    return micro, gas
+
+
+def _resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
     train = _int(doc, "", "train_batch_size", None, 1)
     micro = _int(doc, "", "train_micro_batch_size_per_gpu", None, 1)
     gas = _int(doc, "", "gradient_accumulation_steps", None, 1)
@@ -474,8 +516,7 @@ def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
             zero["offload_param"] = _offload_dict(z.offload_param)
     out = dict(cfg.passthrough)
     out.update({
-        "train_batch_size": cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
-        * cfg.dp_size(world_size),
+        "train_batch_size": cfg.samples_per_step(world_size),
         "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "zero_optimization": zero,
