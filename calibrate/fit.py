@@ -23,7 +23,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibrate.measurement import Measurement, to_record
-from calibrate.profile import CalibrationProfile, FitQuality, ResidualModel, Uncertainty
+from calibrate.profile import CalibrationProfile, FitQuality, FitUncertainty, ResidualModel
 from predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model
 from predictor.memory import estimate_memory
 from predictor.step_time import estimate_time
@@ -100,7 +100,7 @@ class FitResult:
     """Parameter -> why it kept its base value."""
     table: tuple[FitRow, ...]
     quality: FitQuality
-    uncertainty: Uncertainty
+    uncertainty: FitUncertainty
     notes: tuple[str, ...] = ()
 
 
@@ -348,7 +348,7 @@ def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
         num_step_time=len(steps_oos), num_peak_memory=len(memory_oos),
         num_oom=sum(c.m.status == "oom" for c in cases), num_folds=min(len(cases), _MAX_FOLDS),
         oom_misclassified_before=_misclassified(cases, base), oom_misclassified_after=_misclassified(cases, eff))
-    uncertainty = Uncertainty(step_time_rel=_rms_log(steps_oos) or 0.0, peak_memory_rel=_rms_log(memory_oos))
+    uncertainty = FitUncertainty(step_time_rel=_rms_log(steps_oos) or 0.0, peak_memory_rel=_rms_log(memory_oos))
     return FitResult(eff, tuple(names), skipped, tuple(_row(c, base, eff) for c in cases), quality, uncertainty,
                      tuple(notes))
 

@@ -327,9 +327,8 @@ def _experiment(exp_dir: Path, model: str, hardware: str, seq_len: int) -> Measu
                   config=cfg, source=str(exp_dir))
     metrics_path = exp_dir / "metrics.json"
     if metrics_path.is_file():
-        samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * nodes * gpus // cfg.mp_size
-        return Measurement(status="ok", **common,
-                           **_timings(_json(metrics_path), samples, cfg.gradient_accumulation_steps, metrics_path))
+        return Measurement(status="ok", **common, **_timings(_json(metrics_path), cfg.samples_per_step(nodes * gpus),
+                                                             cfg.gradient_accumulation_steps, metrics_path))
     status, reason = _stderr_status(exp_dir)
     return Measurement(status=status, reason=reason, **common)  # type: ignore[arg-type]
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from calibrate.atomic import write_json_atomic
+
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
            "write_json_atomic"]
 
@@ -125,19 +127,6 @@ def deepspeed_command(spec: LaunchSpec) -> list[str]:
     """The launcher's argument list (no shell is involved): resources, port, script, its arguments, config."""
     return [_deepspeed_executable(), *_resource_args(spec), "--master_port", str(spec.master_port),
             str(spec.script), *spec.script_args, spec.ds_config_flag, str(spec.run_dir / "ds_config.json")]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write then rename: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """One JSON document, atomically (metrics files, run-folder records); NaN is refused, not written."""
-    _write_atomic(path, json.dumps(doc, indent=1, allow_nan=False))
 
 
 def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:

@@ -206,7 +206,7 @@ def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, jo
     if run.status != "ok" or run.metrics is None:
         return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
     from predictor import estimate
-    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * job.cluster.world_size // cfg.mp_size
+    samples = cfg.samples_per_step(job.cluster.world_size)
     flops = estimate(job, cfg).time.model_flops_per_gpu
     try:
         step_s, throughput, value = measured_from_metrics(run.metrics, samples, flops, metric)
