@@ -16,18 +16,12 @@ from typing import Any, Literal
 
 from predictor.catalog import nearest
 from predictor.hardware import Precision
+from predictor.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_PARALLEL
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",
-           "optimizer_state_bytes_per_param", "MAX_MICRO_BATCH", "MAX_GRAD_ACCUM", "MAX_PARALLEL"]
+           "optimizer_state_bytes_per_param"]
 
-MAX_MICRO_BATCH = 65_536
-"""Largest train_micro_batch_size_per_gpu accepted: 64x DeepSpeed's autotuning default maximum (1024). The
-tuning space lists every size up to the maximum, so 1e9 would take gigabytes before predicting anything."""
-MAX_GRAD_ACCUM = 1_048_576
-"""Largest gradient_accumulation_steps accepted (2^20): beyond it samples per step overflow int64 arithmetic."""
-MAX_PARALLEL = 4096
-"""Largest tensor- or pipeline-parallel degree accepted."""
 _MAXIMA = {"train_micro_batch_size_per_gpu": MAX_MICRO_BATCH, "max_train_micro_batch_size_per_gpu": MAX_MICRO_BATCH,
            "min_train_micro_batch_size_per_gpu": MAX_MICRO_BATCH, "num_tuning_micro_batch_sizes": MAX_MICRO_BATCH,
            "gradient_accumulation_steps": MAX_GRAD_ACCUM, "mp_size": MAX_PARALLEL, "stages": MAX_PARALLEL,

@@ -138,7 +138,7 @@ def _flag_cases() -> list[Case]:
           needle="--seq_len"),
         p("mp_size-heads", "--num_gpus", "5", "--hardware", "a100-80gb", "--mp_size", "5", needle="--mp_size"),
         p("mp_size-gpus", "--num_gpus", "2", "--mp_size", "4", needle="mp_size"),
-        p("pp_size-layers", "--hardware", "v100-32gb", "--num_gpus", "16", "--pp_size", "16", needle="pp_size"),
+        p("pp_size-layers", "--hardware", "v100-32gb", "--num_gpus", "16", "--pp_size", "16", needle="pipeline stages"),
         p("headroom-nan", "--headroom_gib", "nan", "--rank", needle="--headroom_gib"),
         p("headroom-inf", "--headroom_gib", "inf", "--rank", needle="--headroom_gib"),
         p("headroom-neg", "--headroom_gib", "-1", "--rank", needle="--headroom_gib"),

@@ -7,13 +7,14 @@ import argparse
 import math
 from typing import Callable
 
-from predictor.dsconfig import MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_PARALLEL
+from predictor.limits import (MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_PARALLEL,
+                              MAX_SEQ_LEN)
 
 __all__ = ["positive_int", "positive_int_list", "positive_float", "non_negative_float", "FLAG_MAXIMA"]
 
 FLAG_MAXIMA: dict[str, float] = {
-    "--num_gpus": 4096, "--num_nodes": 100_000, "--micro_batch": MAX_MICRO_BATCH, "--grad_accum": MAX_GRAD_ACCUM,
-    "--seq_len": 2**24, "--mp_size": MAX_PARALLEL, "--pp_size": MAX_PARALLEL, "--top": 1_000_000,
+    "--num_gpus": MAX_GPUS_PER_NODE, "--num_nodes": MAX_NODES, "--micro_batch": MAX_MICRO_BATCH,
+    "--grad_accum": MAX_GRAD_ACCUM, "--seq_len": MAX_SEQ_LEN, "--mp_size": MAX_PARALLEL, "--pp_size": MAX_PARALLEL, "--top": 1_000_000,
     "--top_k": 10_000, "--max_probes": 1_000, "--timeout_s": 7 * 24 * 3600.0, "--memory_cap_gib": 1_048_576.0,
     "--headroom_gib": 16_384.0,
 }

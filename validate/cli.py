@@ -134,6 +134,9 @@ def _explore(text: str) -> tuple[str, ...]:
 def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Flags override the ds_config, the way DeepSpeed's autotuner overrides keys per experiment."""
     doc = dict(doc)
+    if not isinstance(doc.get("zero_optimization") or {}, dict):
+        raise ValueError(f"ds_config zero_optimization must be an object, e.g. {{\"stage\": 2}}, got "
+                         f"{doc['zero_optimization']!r}")
     zero = dict(doc.get("zero_optimization") or {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
@@ -187,8 +190,10 @@ def _predict(args: argparse.Namespace) -> int:
     if args.plot and not args.rank:
         raise ValueError("--plot draws the ranked space; add --rank")
     doc = _doc(args)
-    job_of = lambda hw, nodes: planning.build_job(args.model, hw, nodes, args.num_gpus, args.seq_len,  # noqa: E731
-                                                  args.attention)
+    def job_of(hardware: str, nodes: int) -> Any:
+        job = planning.build_job(args.model, hardware, nodes, args.num_gpus, args.seq_len, args.attention)
+        planning.check_parallelism(job, doc)
+        return job
     if len(args.num_nodes) > 1:
         plan, calibrated = _plan_for(args, args.hardware[0], doc)
         jobs = [(f"{n} node(s)", job_of(args.hardware[0], n)) for n in args.num_nodes]
