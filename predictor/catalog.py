@@ -252,10 +252,10 @@ HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
     "gpus_per_node": (1.0, 4096.0, "devices"), "host_memory_gib": (0.0, 1_048_576.0, "GiB"),
 }
 """(low, high, unit) of each hardware key, in the key's own unit. Memory, FLOP/s and bandwidth must be above
-low, latency and runtime_reserved_gib may be 0. The highs are ~50x today's largest device (H200: 141 GiB,
+low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are ~50x today's largest device (H200: 141 GiB,
 989 TFLOP/s, 4.8 TB/s), so that a figure in base units (FLOP/s where TFLOP/s goes, bytes where GiB goes) or
 in milliseconds where microseconds go is caught rather than predicted with."""
-_MAY_BE_ZERO = {"runtime_reserved_gib", "intra_node_latency_us", "inter_node_latency_us"}
+_LOW_INCLUSIVE = {"runtime_reserved_gib", "intra_node_latency_us", "inter_node_latency_us", "gpus_per_node"}
 
 
 def _number(path: Path, doc: dict[str, Any], key: str) -> float:
@@ -264,9 +264,9 @@ def _number(path: Path, doc: dict[str, Any], key: str) -> float:
         raise ValueError(f"{path}: {key} must be a number, got {value!r} (YAML reads '989e12' as a string; "
                          f"write 989 or 9.89e+14)")
     low, high, unit = HARDWARE_LIMITS[key]
-    above_low = value >= low if key in _MAY_BE_ZERO else value > low
+    above_low = value >= low if key in _LOW_INCLUSIVE else value > low
     if not (math.isfinite(value) and above_low and value <= high):
-        bound = ">=" if key in _MAY_BE_ZERO else ">"
+        bound = ">=" if key in _LOW_INCLUSIVE else ">"
         raise ValueError(f"{path}: {key} {value!r} is not a finite number {bound} {low:g} and <= {high:g} "
                          f"{unit}; write it in {unit}, as the key's name says")
     if key == "gpus_per_node" and not float(value).is_integer():

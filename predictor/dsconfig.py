@@ -293,8 +293,8 @@ def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum:
         return auto if auto is not None else default
     if isinstance(value, list):
         raise _list_error(name)
-    if value is None:
-        return None
+    if value is None:  # JSON null: DeepSpeed's default
+        return default
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
         raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")
@@ -380,12 +380,15 @@ def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
 
 
 def _grad_accum_dtype(doc: dict[str, Any]) -> Precision | None:
-    value = (doc.get("data_types") or {}).get("grad_accum_dtype")
+    sec = doc.get("data_types") or {}
+    if not isinstance(sec, dict):
+        raise ValueError(f"ds_config data_types must be an object, e.g. {{\"grad_accum_dtype\": \"fp32\"}}, got {sec!r}")
+    value = sec.get("grad_accum_dtype")
     names = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "bf16": "bf16",
              "bfloat16": "bf16"}
     if value is None:
         return None
-    if value not in names:
+    if not isinstance(value, str) or value not in names:
         raise ValueError(f"ds_config data_types.grad_accum_dtype must be fp32, fp16 or bf16, got {value!r}")
     return names[value]  # type: ignore[return-value]
 

@@ -58,9 +58,9 @@ class ClusterSpec:
         if self.num_gpus_per_node > node:  # a larger "node" would be predicted with intra-node links it lacks
             nodes = -(-self.num_gpus_per_node // node)
             raise ValueError(f"--num_gpus {self.num_gpus_per_node} exceeds the {node} devices per node of "
-                             f"{self.hardware.name} (gpus_per_node in its hardware YAML); for "
-                             f"{self.num_gpus_per_node} devices give --num_nodes {nodes} --num_gpus "
-                             f"{self.num_gpus_per_node // nodes}, or a hardware YAML with a larger node")
+                             f"{self.hardware.name} (gpus_per_node in its hardware YAML); --num_gpus counts devices "
+                             f"per node: add nodes with --num_nodes (e.g. --num_nodes {nodes} --num_gpus {node}), or "
+                             f"give a hardware YAML with a larger node")
 
     @property
     def world_size(self) -> int:
