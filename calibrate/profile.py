@@ -187,14 +187,16 @@ def _required(cls: type) -> list[str]:
 EFFICIENCY_RANGES: dict[str, tuple[float, float]] = {
     "allocator_slack_fraction": (0.0, 1.0), "compute_efficiency_max": (1e-6, 1.0),
     "compute_half_size": (0.0, 1e15), "fp32_compute_scale": (1e-6, 100.0), "fp16_compute_scale": (1e-6, 100.0),
-    "bf16_compute_scale": (1e-6, 100.0), "intra_node_bandwidth_efficiency": (1e-6, 1.0),
-    "inter_node_bandwidth_efficiency": (1e-6, 1.0), "overlap_efficiency": (0.0, 1.0),
+    "bf16_compute_scale": (1e-6, 100.0), "intra_node_bandwidth_efficiency": (1e-6, 1.5),
+    "inter_node_bandwidth_efficiency": (1e-6, 1.5), "overlap_efficiency": (0.0, 1.0),
     "optimizer_bytes_per_param": (1e-3, 1000.0), "host_optimizer_params_per_s": (1.0, 1e15),
     "intra_node_latency_s": (0.0, 1.0), "inter_node_latency_s": (0.0, 1.0), "runtime_reserved_bytes": (0.0, 1e14),
     "step_overhead_s": (0.0, 3600.0), "micro_step_overhead_s": (0.0, 3600.0), "zero3_tensor_overhead_s": (0.0, 1.0),
 }
-"""Inclusive (low, high) of each Efficiency field a profile may hold: fractions of a peak lie in (0, 1], seconds
-and bytes are non-negative and below what one step could take. A field not listed must be finite and >= 0."""
+"""Inclusive (low, high) of each Efficiency field a profile may hold: fractions of a peak lie in (0, 1] (bandwidth
+up to 1.5x a conservative datasheet figure), seconds and bytes are non-negative and below what one step could take.
+Each contains the fitter's bounds (calibrate.fit.PARAM_SPECS, a test checks it), so every fitted profile reads
+back. A field not listed must be finite and >= 0."""
 
 
 def efficiency_from_dict(doc: Any, where: str = "efficiency") -> Efficiency:

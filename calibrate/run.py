@@ -5,6 +5,7 @@ The steps are separate functions so `tune` can refit from its own experiments wi
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,7 +20,7 @@ from predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, load
 from predictor.units import GIB
 
 __all__ = ["Calibration", "Measured", "measure", "starting_efficiency", "fit_and_save", "format_fit", "plot_fit",
-           "check_hardware", "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]
+           "on_hardware", "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]
 
 DEFAULT_PROBE_MODEL = "zt-gpt-small"
 """zerotune's built-in GPT-style workload (data/models/zt-gpt-small.yaml), run by calibrate/workload.py."""
@@ -84,16 +85,22 @@ class Calibration:
     measurements: tuple[Measurement, ...]
 
 
-def check_hardware(measurements: Sequence[Measurement], hardware: str) -> None:
-    """Every measurement ran on `hardware` (--hardware): the profile is named and used for that device only."""
+def on_hardware(measurements: Sequence[Measurement], hardware: str) -> list[Measurement]:
+    """The measurements that ran on `hardware` (--hardware): the profile is named and used for that device only,
+    so rows of another device are left out, with a warning; none left is an error."""
     names: dict[str, str] = {}
     for m in measurements:
         if m.hardware not in names:
             names[m.hardware] = load_hardware(m.hardware).name
-        name = names[m.hardware]
-        if name != hardware:
-            raise ValueError(f"{m.source or 'a measurement'}: hardware {name!r} is not --hardware {hardware!r}; "
-                             f"calibrate one device at a time (split the table, or pass the matching --hardware)")
+    kept = [m for m in measurements if names[m.hardware] == hardware]
+    others = sorted({names[m.hardware] for m in measurements} - {hardware})
+    if not kept:
+        raise ValueError(f"no measurement ran on --hardware {hardware} (they ran on {', '.join(others)}); "
+                         f"pass the --hardware the measurements ran on")
+    if others:
+        warnings.warn(f"{len(measurements) - len(kept)} measurement(s) on {', '.join(others)} left out: the profile "
+                      f"is for --hardware {hardware}")
+    return kept
 
 
 def fit_and_save(measurements: Sequence[Measurement], environment: dict[str, Any], path: Path,

@@ -238,8 +238,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_profile_path(hardware)
     check_writable(out, args.force)  # before anything is measured
     if args.source:
-        measurements = read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len)
-        calibration.check_hardware(measurements, hardware)
+        measurements = calibration.on_hardware(
+            read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len), hardware)
         environment = {"source": str(args.source)}
     else:
         measured = calibration.measure(
