@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from calibrate.atomic import write_json_atomic
+from calibrate.atomic import write_json_atomic, write_text_atomic
+from calibrate.environment import collect_environment
 
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
            "write_json_atomic"]
@@ -136,8 +137,7 @@ def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
     autotuning = {**(spec.ds_config.get("autotuning") or {}), "metric_path": str(metrics.resolve())}
     write_json_atomic(spec.run_dir / "ds_config.json", {**spec.ds_config, "autotuning": autotuning})
     env_lines = [f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
-    _write_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
-    from calibrate.environment import collect_environment
+    write_text_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
     write_json_atomic(spec.run_dir / "environment.json", collect_environment(query_device=False))
 
 
