@@ -229,7 +229,13 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], text: Any) -> int:
-    print(json.dumps(doc, indent=2, allow_nan=False) if args.json else text())
+    if not args.json:
+        print(text())
+        return 0
+    try:
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    except ValueError as exc:  # a NaN or infinity in a prediction is zerotune's bug: never printed as non-JSON
+        raise ArithmeticError(f"the prediction holds a NaN or infinity ({exc})") from None
     return 0
 
 
