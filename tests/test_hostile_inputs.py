@@ -13,7 +13,7 @@ from hostile_cases import CASES, Case, materialise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import calibrate.microbench
+import calibrate.run
 import validate.tune
 from predictor import parse_ds_config
 from predictor.catalog import data_dir
@@ -42,7 +42,7 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ZEROTUNE_HOME", str(tmp_path / "home"))
     for module, name in ((validate.tune, "_search"), (validate.tune, "profile_model"),
-                         (calibrate.microbench, "run_microbenchmarks")):
+                         (calibrate.run, "run_microbenchmarks")):
         monkeypatch.setattr(module, name, _refuse_to_run)
     return tmp_path
 
