@@ -144,13 +144,19 @@ def _residual_path(profile_path: Path, library: str) -> Path:
     return profile_path.with_name(profile_path.stem + suffix)
 
 
+def _not_computed_as_null(quality: dict[str, Any]) -> dict[str, Any]:
+    """A MAPE over no measurement comes out of numpy as NaN; in the profile it is null ("not computed"), so the
+    file stays JSON and reads back."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in quality.items()}
+
+
 def save_profile(profile: CalibrationProfile, path: Path) -> None:
     """JSON at `path`; a residual model goes to <stem>.residual.json (or .txt) beside it."""
     path = Path(path)
     doc: dict[str, Any] = {"format": PROFILE_FORMAT, "hardware": profile.hardware, "created": profile.created,
                            "efficiency": dataclasses.asdict(profile.efficiency),
                            "uncertainty": dataclasses.asdict(profile.uncertainty),
-                           "fit_quality": dataclasses.asdict(profile.fit_quality),
+                           "fit_quality": _not_computed_as_null(dataclasses.asdict(profile.fit_quality)),
                            "fitted_on": profile.fitted_on, "environment": profile.environment, "residual": None}
     if profile.residual is not None:
         model_path = _residual_path(path, profile.residual.library)
