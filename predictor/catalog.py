@@ -246,8 +246,8 @@ HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
     "memory_gib": (0.0, 16384.0, "GiB"), "runtime_reserved_gib": (0.0, 1024.0, "GiB"),
     "fp32_tflops": (0.0, 100_000.0, "TFLOP/s"), "fp16_tflops": (0.0, 100_000.0, "TFLOP/s"),
     "bf16_tflops": (0.0, 100_000.0, "TFLOP/s"),
-    "memory_bandwidth_gb_per_s": (0.0, 1_000_000.0, "GB/s"), "intra_node_bandwidth_gb_per_s": (0.0, 1_000_000.0, "GB/s"),
-    "inter_node_bandwidth_gb_per_s": (0.0, 1_000_000.0, "GB/s"), "host_to_device_gb_per_s": (0.0, 1_000_000.0, "GB/s"),
+    "memory_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"), "intra_node_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"),
+    "inter_node_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"), "host_to_device_gb_per_s": (0.0, 1e6, "GB/s"),
     "intra_node_latency_us": (0.0, 1_000_000.0, "us"), "inter_node_latency_us": (0.0, 1_000_000.0, "us"),
     "gpus_per_node": (1.0, 4096.0, "devices"), "host_memory_gib": (0.0, 1_048_576.0, "GiB"),
 }

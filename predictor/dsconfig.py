@@ -16,22 +16,11 @@ from typing import Any, Literal
 
 from predictor.catalog import nearest
 from predictor.hardware import Precision
-from predictor.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_PARALLEL
+from predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",
            "optimizer_state_bytes_per_param"]
-
-_MAXIMA = {"train_micro_batch_size_per_gpu": MAX_MICRO_BATCH, "max_train_micro_batch_size_per_gpu": MAX_MICRO_BATCH,
-           "min_train_micro_batch_size_per_gpu": MAX_MICRO_BATCH, "num_tuning_micro_batch_sizes": MAX_MICRO_BATCH,
-           "gradient_accumulation_steps": MAX_GRAD_ACCUM, "mp_size": MAX_PARALLEL, "stages": MAX_PARALLEL,
-           "start_profile_step": 100_000, "end_profile_step": 100_000, "tuner_num_trials": 100_000,
-           "tuner_early_stopping": 100_000, "min_train_batch_size": MAX_MICRO_BATCH * MAX_GRAD_ACCUM,
-           "max_train_batch_size": MAX_MICRO_BATCH * MAX_GRAD_ACCUM,
-           "train_batch_size": MAX_MICRO_BATCH * MAX_GRAD_ACCUM}
-_MINIMA = {"mp_size": 1, "tuner_num_trials": 1, "max_train_micro_batch_size_per_gpu": 1,
-           "min_train_micro_batch_size_per_gpu": 1, "num_tuning_micro_batch_sizes": 1, "max_train_batch_size": 1,
-           "min_train_batch_size": 1}
 
 ZeroStage = Literal[0, 1, 2, 3]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -285,8 +274,8 @@ def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
 
 def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
          auto: int | None = None) -> int | None:
-    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral. Counts that size
-    what zerotune enumerates have a maximum (_MAXIMA); element counts (buckets) only need to be finite."""
+    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral. Counts that size what
+    zerotune enumerates have a maximum (limits.DS_CONFIG_MAXIMA); element counts (buckets) need only be finite."""
     name = f"{path}.{key}" if path else key
     value = sec.get(key, default)
     if value == AUTO:
@@ -298,10 +287,10 @@ def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum:
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
         raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")
-    minimum = max(minimum, _MINIMA.get(key, minimum))
+    minimum = max(minimum, DS_CONFIG_MINIMA.get(key, minimum))
     if value < minimum:
         raise ValueError(f"ds_config {name} must be at least {minimum}, got {value!r}")
-    maximum = _MAXIMA.get(key, 2**62)
+    maximum = DS_CONFIG_MAXIMA.get(key, 2**62)
     if value > maximum:
         raise ValueError(f"ds_config {name} {value:g} is above the {maximum:,} zerotune accepts; use a smaller "
                          f"value")
