@@ -226,6 +226,10 @@ def _table_row(where: str, raw: dict[str, Any], defaults: dict[str, Any]) -> Mea
     row = _Row(where, raw, defaults)
     model, hardware = _catalog(row, "model", load_model), _catalog(row, "hardware", load_hardware)
     nodes, gpus = row.integer("num_nodes"), row.integer("num_gpus")
+    node_size = load_hardware(hardware).num_devices_per_node
+    if gpus > node_size:
+        raise row.error("num_gpus", f"{gpus} exceeds the {node_size} devices per node of {hardware}; num_gpus counts "
+                                    f"GPUs per node: split them over num_nodes")
     status = row.choice("status", ("ok", "oom", "timeout", "failed"))
     throughput, step_s = row.number("throughput_samples_per_s"), row.number("step_s")
     if status == "ok" and throughput is None and step_s is None:

@@ -250,7 +250,7 @@ def _from(case_id: str, text: str, *flags: str, needle: str = "", name: str = "t
                       **{name: text})
 
 
-_BAD_COLUMNS = {"num_gpus": ["0", "-1", "1e30", "x"], "micro_batch": ["0", "1e30", "1e9"], "grad_accum": ["0", "1e20"],
+_BAD_COLUMNS = {"num_gpus": ["0", "-1", "1e30", "x", "3"], "micro_batch": ["0", "1e30", "1e9"], "grad_accum": ["0", "1e20"],
                 "seq_len": ["0", "1e12"], "num_nodes": ["0", "1e30"],
                 "throughput_samples_per_s": ["0", "-2", "nan", "inf", "fast"], "peak_memory_bytes": ["-1", "nan"],
                 "zero_stage": ["4", "nan"], "precision": ["fp8"], "status": ["done"], "model": ["gtp2"],
