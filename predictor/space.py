@@ -157,6 +157,9 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
     if not isinstance(zero, dict):
         raise ValueError("ds_config zero_optimization must be an object")
     autotuning = doc.get("autotuning") or {}
+    if not isinstance(autotuning, dict):
+        raise ValueError(f"ds_config autotuning must be an object, e.g. {{\"metric\": \"throughput\"}}, got "
+                         f"{autotuning!r}")
     fast = autotuning.get("fast") is True
     scalar = {k: v for k, v in doc.items() if k not in ("zero_optimization", "train_batch_size",
                                                        "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}

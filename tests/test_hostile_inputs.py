@@ -17,6 +17,7 @@ import calibrate.run
 import validate.tune
 from predictor import parse_ds_config
 from predictor.catalog import data_dir
+from predictor.space import space_from_ds_config
 from validate.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,5 +114,14 @@ _KEYS = ["train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train
 def test_any_ds_config_is_parsed_or_refused_with_a_value_error(doc: dict[str, object], world_size: int) -> None:
     try:
         parse_ds_config(doc, world_size=world_size, hidden_size=768)
+    except ValueError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KEYS), _JSON, max_size=4), st.integers(1, 64))
+def test_any_tuning_space_is_read_or_refused_with_a_value_error(doc: dict[str, object], world_size: int) -> None:
+    try:
+        space_from_ds_config(doc, world_size=world_size, hidden_size=768)
     except ValueError:
         pass
