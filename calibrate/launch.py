@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from calibrate.atomic import write_json_atomic, write_text_atomic
-from calibrate.environment import collect_environment
+from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
+from zerotune.calibrate.environment import collect_environment
 
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
            "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
@@ -89,7 +89,7 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class RunResult:
     status: Literal["ok", "oom", "timeout", "failed", "stopped"]
-    """The same vocabulary as calibrate.measurement.Status."""
+    """The same vocabulary as zerotune.calibrate.measurement.Status."""
     reason: str
     returncode: int | None
     """The launcher's exit status; None when it was killed on timeout or never started."""

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from calibrate.environment import collect_environment
-from calibrate.fit import FitResult, fit, make_profile
-from calibrate.measurement import Measurement, append_jsonl
-from calibrate.microbench import run_microbenchmarks
-from calibrate.probe import run_probes
-from calibrate.profile import CalibrationProfile, save_profile
-from calibrate.starting import fit_microbenchmarks
-from predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, load_hardware, load_model
-from predictor.units import GIB
+from zerotune.calibrate.environment import collect_environment
+from zerotune.calibrate.fit import FitResult, fit, make_profile
+from zerotune.calibrate.measurement import Measurement, append_jsonl
+from zerotune.calibrate.microbench import run_microbenchmarks
+from zerotune.calibrate.probe import run_probes
+from zerotune.calibrate.profiles import CalibrationProfile, save_profile
+from zerotune.calibrate.starting import fit_microbenchmarks
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, load_hardware, load_model
+from zerotune.predictor.units import GIB
 
 __all__ = ["Calibration", "Measured", "measure", "starting_efficiency", "fit_and_save", "format_fit", "plot_fit",
            "on_hardware", "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]

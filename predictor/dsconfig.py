@@ -14,9 +14,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from predictor.catalog import nearest
-from predictor.hardware import Precision
-from predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
+from zerotune.predictor.catalog import nearest
+from zerotune.predictor.hardware import Precision
+from zerotune.predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",

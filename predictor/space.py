@@ -31,8 +31,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
-from predictor.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
+from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
+from zerotune.predictor.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
 
 __all__ = ["SearchSpace", "space_from_ds_config", "DEFAULT_STAGE_KNOBS", "EXPLORABLE"]
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from predictor.catalog import data_dir
+from zerotune.predictor.catalog import data_dir
 
 __all__ = ["Case", "CASES", "materialise"]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import calibrate.run
-from calibrate.profile import load_profile, shipped_profile_path
-from predictor import load_hardware, model_from_hf_config
-from predictor.catalog import data_dir
-from validate.cli import main
-from validate.tune import TuneSettings, _load_profile
+import zerotune.calibrate.run
+from zerotune.calibrate.profiles import load_profile, shipped_profile_path
+from zerotune.predictor import load_hardware, model_from_hf_config
+from zerotune.predictor.catalog import data_dir
+from zerotune.cli import main
+from zerotune.validate.tune import TuneSettings, _load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "tests" / "fixtures" / "measurements.csv"
@@ -74,9 +74,9 @@ def test_calibrate_without_num_gpus_takes_the_node_size(monkeypatch: pytest.Monk
     def stop(run_dir: Path, **kwargs: object) -> None:
         seen.update(kwargs)
         raise Stop
-    monkeypatch.setattr(calibrate.run, "run_microbenchmarks", stop)
+    monkeypatch.setattr(zerotune.calibrate.run, "run_microbenchmarks", stop)
     with pytest.raises(Stop):
-        calibrate.run.measure(hardware="cpu", num_gpus=None, num_nodes=None, hostfile=None, model=None, seq_len=None,
+        zerotune.calibrate.run.measure(hardware="cpu", num_gpus=None, num_nodes=None, hostfile=None, model=None, seq_len=None,
                               quick=True, max_probes=1, timeout_s=60, progress=lambda line: None,
                               run_root=tmp_path)
     assert seen["num_gpus"] == load_hardware("cpu").num_devices_per_node

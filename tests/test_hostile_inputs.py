@@ -13,12 +13,12 @@ from hostile_cases import CASES, Case, materialise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import calibrate.run
-import validate.tune
-from predictor import parse_ds_config
-from predictor.catalog import data_dir
-from predictor.space import space_from_ds_config
-from validate.cli import main
+import zerotune.calibrate.run
+import zerotune.validate.tune
+from zerotune.predictor import parse_ds_config
+from zerotune.predictor.catalog import data_dir
+from zerotune.predictor.space import space_from_ds_config
+from zerotune.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,8 +42,8 @@ def _refuse_to_run(*args: object, **kwargs: object) -> None:
 def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ZEROTUNE_HOME", str(tmp_path / "home"))
-    for module, name in ((validate.tune, "_search"), (validate.tune, "profile_model"),
-                         (calibrate.run, "run_microbenchmarks")):
+    for module, name in ((zerotune.validate.tune, "_search"), (zerotune.validate.tune, "profile_model"),
+                         (zerotune.calibrate.run, "run_microbenchmarks")):
         monkeypatch.setattr(module, name, _refuse_to_run)
     return tmp_path
 
@@ -80,7 +80,7 @@ def test_hostile_input_as_a_user_runs_it(case_id: str, tmp_path: Path) -> None:
     """The same through the installed entry point's module, in a fresh interpreter."""
     case = next(c for c in CASES if c.id == case_id)
     env = {**os.environ, "PYTHONPATH": str(REPO), "ZEROTUNE_HOME": str(tmp_path / "home")}
-    proc = subprocess.run([sys.executable, "-m", "validate.cli", *materialise(case, tmp_path)], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "zerotune.cli", *materialise(case, tmp_path)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and case.needle in proc.stderr
@@ -90,7 +90,7 @@ def test_an_unexpected_error_is_one_line_with_where_to_report(monkeypatch: pytes
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("float division by zero")
-    monkeypatch.setattr("validate.plan.single", broken)
+    monkeypatch.setattr("zerotune.validate.plan.single", broken)
     assert main(["predict"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "internal error: ZeroDivisionError" in err and "report" in err

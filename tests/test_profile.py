@@ -1,4 +1,4 @@
-"""calibrate.profile: a profile survives save/load unchanged; a damaged or misspelled one is refused by name."""
+"""zerotune.calibrate.profiles: a profile survives save/load unchanged; a damaged or misspelled one is refused by name."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.fit import fit, make_profile
-from calibrate.measurement import Measurement
-from calibrate.profile import (EFFICIENCY_RANGES, CalibrationProfile, check_writable, default_profile_path,
+from zerotune.calibrate.fit import fit, make_profile
+from zerotune.calibrate.measurement import Measurement
+from zerotune.calibrate.profiles import (EFFICIENCY_RANGES, CalibrationProfile, check_writable, default_profile_path,
                                efficiency_from_dict, find_profile, load_profile, profile_measurements, save_profile,
                                shipped_profile_path)
-from predictor import DSConfig, Efficiency, estimate
+from zerotune.predictor import DSConfig, Efficiency, estimate
 from tests.conftest import make_job
 
 
@@ -120,7 +120,7 @@ def test_the_shipped_profiles_and_existing_files_are_not_overwritten(tmp_path: P
 
 
 def test_every_fitted_value_is_within_what_a_profile_may_hold() -> None:
-    from calibrate.params import PARAMS
+    from zerotune.calibrate.params import PARAMS
     for spec in PARAMS:
         low, high = EFFICIENCY_RANGES[spec.name]
         assert low <= spec.lower and spec.upper <= high, spec.name

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.ingest import read_autotuning
-from calibrate.launch import RunResult
-from calibrate.measurement import Measurement
-from predictor import DSConfig, estimate, to_ds_config
+from zerotune.calibrate.ingest import read_autotuning
+from zerotune.calibrate.launch import RunResult
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import DSConfig, estimate, to_ds_config
 from tests.conftest import make_job
-from validate.results import Prediction, lr_advice
-from validate.tune import _result
+from zerotune.validate.results import Prediction, lr_advice
+from zerotune.validate.tune import _result
 
 # 2 nodes x 8 GPUs, tensor parallel 2, pipeline 2: 4 data-parallel ranks, each 3 samples x 5 accumulation steps.
 WORLD = 16

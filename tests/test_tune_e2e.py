@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.measurement import read_jsonl
-from predictor.units import GIB
-from validate.experiments import split_user_command
-from validate.tune import TuneSettings, add_tune_arguments, settings_from_args, tune
+from zerotune.calibrate.measurement import read_jsonl
+from zerotune.predictor.units import GIB
+from zerotune.validate.experiments import split_user_command
+from zerotune.validate.tune import TuneSettings, add_tune_arguments, settings_from_args, tune
 
 pytestmark = pytest.mark.deepspeed
 
@@ -112,7 +112,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from tests.test_tune_e2e import _fault_settings
-from validate.tune import tune
+from zerotune.validate.tune import tune
 tune(_fault_settings(Path({tmp!r}), [1, 2, 4], "4:crash,2:hang,1:metrics", top_k=2, timeout_s=120),
      log=lambda line: print(line, flush=True))
 """
@@ -144,8 +144,8 @@ def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
 
 
 def test_model_information_from_one_profiling_run_of_the_script(tmp_path: Path) -> None:
-    from predictor import load_model
-    from validate.tune import profile_model
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import profile_model
     settings = _fault_settings(tmp_path, [2], "", top_k=1, timeout_s=240)
     path = profile_model(settings)
     model = load_model(path)

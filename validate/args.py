@@ -7,7 +7,7 @@ import argparse
 import math
 from typing import Callable
 
-from predictor.limits import (MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_PARALLEL,
+from zerotune.predictor.limits import (MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_PARALLEL,
                               MAX_SEQ_LEN)
 
 __all__ = ["positive_int", "positive_int_list", "positive_float", "non_negative_float", "FLAG_MAXIMA"]

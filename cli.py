@@ -14,19 +14,19 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from calibrate import run as calibration
-from calibrate.ingest import read_measurements
-from calibrate.profile import check_writable, default_profile_path, load_profile
-from predictor import Efficiency, experiment_name, load_hardware
-from predictor.rank import Uncertainty, evaluate_space
-from predictor.space import EXPLORABLE, space_from_ds_config
-from predictor.units import GIB
-from validate import plan as planning
-from validate.args import non_negative_float, positive_float, positive_int, positive_int_list
-from validate.experiments import read_ds_config
-from validate.plots import plot_predicted_vs_measured, plot_space
-from validate.tune import add_tune_arguments, run_tune
-from validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
+from zerotune.calibrate import run as calibration
+from zerotune.calibrate.ingest import read_measurements
+from zerotune.calibrate.profiles import check_writable, default_profile_path, load_profile
+from zerotune.predictor import Efficiency, experiment_name, load_hardware
+from zerotune.predictor.rank import Uncertainty, evaluate_space
+from zerotune.predictor.space import EXPLORABLE, space_from_ds_config
+from zerotune.predictor.units import GIB
+from zerotune.validate import plan as planning
+from zerotune.validate.args import non_negative_float, positive_float, positive_int, positive_int_list
+from zerotune.validate.experiments import read_ds_config
+from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
+from zerotune.validate.tune import add_tune_arguments, run_tune
+from zerotune.validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
                              whatif_dict)
 
 __all__ = ["main"]

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from calibrate.atomic import write_json_atomic, write_text_atomic
-from calibrate.measurement import Measurement, from_record
-from predictor import Efficiency
-from predictor.rank import Uncertainty
-from predictor.catalog import data_dir, nearest, safe_name
+from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
+from zerotune.calibrate.measurement import Measurement, from_record
+from zerotune.predictor import Efficiency
+from zerotune.predictor.rank import Uncertainty
+from zerotune.predictor.catalog import data_dir, nearest, safe_name
 
 __all__ = ["CalibrationProfile", "FitQuality", "FitUncertainty", "save_profile", "load_profile",
            "default_profile_path", "shipped_profile_path", "user_profiles_dir", "find_profile", "check_writable",
@@ -32,7 +32,7 @@ PROFILE_FORMAT = "zerotune-profile-1"
 @dataclass(frozen=True)
 class FitUncertainty:
     """How far a fitted profile's predictions fell from held-out measurements: relative 1-sigma errors, the RMS
-    of log(predicted / measured) out of sample. Ranking turns them into bands (predictor.rank.Uncertainty)."""
+    of log(predicted / measured) out of sample. Ranking turns them into bands (zerotune.predictor.rank.Uncertainty)."""
 
     step_time_rel: float
     peak_memory_rel: float | None = None
@@ -75,7 +75,7 @@ class CalibrationProfile:
     uncertainty: FitUncertainty
     fit_quality: FitQuality
     fitted_on: dict[str, Any]
-    """{'count': int, 'sources': [str], 'measurements': [records from calibrate.measurement.to_record]}."""
+    """{'count': int, 'sources': [str], 'measurements': [records from zerotune.calibrate.measurement.to_record]}."""
     environment: dict[str, Any] = field(default_factory=dict)
     """torch / DeepSpeed / NCCL versions, device name and memory, date: as the caller measured them."""
     created: str = ""
@@ -178,7 +178,7 @@ EFFICIENCY_RANGES: dict[str, tuple[float, float]] = {
 }
 """Inclusive (low, high) of each Efficiency field a profile may hold: fractions of a peak lie in (0, 1] (bandwidth
 up to 1.5x a conservative datasheet figure), seconds and bytes are non-negative and below what one step could take.
-Each contains the fitter's bounds (calibrate.params.PARAMS, a test checks it), so every fitted profile reads
+Each contains the fitter's bounds (zerotune.calibrate.params.PARAMS, a test checks it), so every fitted profile reads
 back. A field not listed must be finite and >= 0."""
 
 
