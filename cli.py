@@ -1,6 +1,7 @@
 """The `zerotune` command: dispatches the verbs. The only module that names more than one package.
 
-User mistakes (ValueError, a missing or malformed file) print one line and exit with status 2.
+User mistakes (ValueError, a missing or malformed file) print one line and exit with status 2. Anything else
+is zerotune's fault: one line saying so and where to report it, also exit 2; `--debug` shows the traceback.
 """
 
 from __future__ import annotations
@@ -8,22 +9,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
+from zerotune.calibrate import run as calibration
+from zerotune.calibrate.ingest import read_measurements
+from zerotune.calibrate.profiles import check_writable, default_profile_path, load_profile
 from zerotune.predictor import Efficiency, experiment_name, load_hardware
 from zerotune.predictor.rank import Uncertainty, evaluate_space
 from zerotune.predictor.space import EXPLORABLE, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate import plan as planning
+from zerotune.validate.args import non_negative_float, positive_float, positive_int, positive_int_list
 from zerotune.validate.experiments import read_ds_config
+from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
+from zerotune.validate.tune import add_tune_arguments, run_tune
 from zerotune.validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
                              whatif_dict)
 
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+REPORT_TO = "the zerotune issue tracker (with the command, and its output with --debug)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,33 +40,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"zerotune: error: {message}; see {self.prog} --help\n")
 
 
-def _positive(flag: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least 1, got {value}")
-        return value
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zerotune", description="Predict the DeepSpeed configuration to run.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     p = verbs.add_parser("predict", help="memory per GPU of a configuration, broken down, and whether it fits")
     p.add_argument("--model", default="gpt2", help="catalog name (see data/models) or a config.json path")
     p.add_argument("--hardware", default="v100-32gb", type=_names,
                    help="catalog name (see data/hardware) or a YAML path; a comma list compares GPUs side by side")
-    p.add_argument("--num_gpus", type=_positive("--num_gpus"), default=1, help="GPUs per node, as deepspeed's")
-    p.add_argument("--num_nodes", type=_positive_list("--num_nodes"), default=[1],
+    p.add_argument("--num_gpus", type=positive_int("--num_gpus"), default=1, help="GPUs per node, as deepspeed's")
+    p.add_argument("--num_nodes", type=positive_int_list("--num_nodes"), default=[1],
                    help="nodes; a comma list (1,2,4,8) predicts throughput and scaling efficiency per size")
     p.add_argument("--deepspeed", metavar="DS_CONFIG", help="a ds_config.json; the flags below override it")
     p.add_argument("--zero_stage", type=int, choices=(0, 1, 2, 3))
-    p.add_argument("--micro_batch", type=_positive("--micro_batch"), help="train_micro_batch_size_per_gpu")
-    p.add_argument("--grad_accum", type=_positive("--grad_accum"), help="gradient_accumulation_steps")
-    p.add_argument("--seq_len", type=_positive("--seq_len"),
+    p.add_argument("--micro_batch", type=positive_int("--micro_batch"), help="train_micro_batch_size_per_gpu")
+    p.add_argument("--grad_accum", type=positive_int("--grad_accum"), help="gradient_accumulation_steps")
+    p.add_argument("--seq_len", type=positive_int("--seq_len"),
                    help=f"tokens per sample (default: the model's positions, at most {planning.DEFAULT_MAX_SEQ_LEN})")
     p.add_argument("--precision", choices=("fp16", "bf16", "fp32"))
     p.add_argument("--attention", choices=("eager", "flash"),
@@ -66,17 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--activation_checkpointing", action="store_true", help="recompute activations in backward")
     p.add_argument("--offload_optimizer", choices=("none", "cpu", "nvme"))
     p.add_argument("--offload_param", choices=("none", "cpu", "nvme"))
-    p.add_argument("--mp_size", type=_positive("--mp_size"), help="tensor (model) parallel degree")
-    p.add_argument("--pp_size", type=_positive("--pp_size"),
+    p.add_argument("--mp_size", type=positive_int("--mp_size"), help="tensor (model) parallel degree")
+    p.add_argument("--pp_size", type=positive_int("--pp_size"),
                    help="pipeline stages (the ds_config's pipeline.stages; DeepSpeed pipelines run ZeRO 0-1)")
     p.add_argument("--rank", action="store_true",
                    help="rank every configuration of the tuning space (lists in the ds_config, DeepSpeed's "
                         "per-stage spaces, offload, checkpointing, every micro-batch) instead of predicting one")
-    p.add_argument("--top", type=_positive("--top"), default=10, help="rows of the ranking to show")
+    p.add_argument("--top", type=positive_int("--top"), default=10, help="rows of the ranking to show")
     p.add_argument("--metric", choices=("throughput", "latency", "flops"),
                    help="what to rank by (default: the ds_config's autotuning.metric, else throughput); "
                         "latency is minimised")
-    p.add_argument("--headroom_gib", type=float, default=0.0, help="memory to keep free per GPU when ranking")
+    p.add_argument("--headroom_gib", type=non_negative_float("--headroom_gib"), default=0.0,
+                   help="memory to keep free per GPU when ranking")
     p.add_argument("--explore", type=_explore, default=EXPLORABLE,
                    help="what --rank may add that the ds_config does not set: offload,checkpointing (default) "
                         "or none")
@@ -85,10 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_calibrate(verbs)
-    from zerotune.validate.tune import add_tune_arguments
     add_tune_arguments(verbs.add_parser(
         "tune", help="run only the top-k predicted configurations as real DeepSpeed experiments and write "
                      "ds_config_optimal.json (a drop-in for deepspeed --autotuning tune)"))
+    for verb in verbs.choices.values():  # --debug after the verb too (before a tuned script's own arguments)
+        verb.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the traceback of an unexpected error")
     return parser
 
 
@@ -96,19 +97,21 @@ def _add_calibrate(verbs: Any) -> None:
     c = verbs.add_parser("calibrate", help="fit this cluster's profile from microbenchmarks and a few real "
                                            "DeepSpeed runs, or from measurements made elsewhere (--from)")
     c.add_argument("--hardware", required=True, help="catalog name (see data/hardware) or a YAML path")
-    c.add_argument("--num_gpus", type=_positive("--num_gpus"), help="devices per node, as deepspeed's")
-    c.add_argument("--num_nodes", type=_positive("--num_nodes"), help="nodes (needs --hostfile), as deepspeed's")
+    c.add_argument("--num_gpus", type=positive_int("--num_gpus"), help="devices per node, as deepspeed's")
+    c.add_argument("--num_nodes", type=positive_int("--num_nodes"), help="nodes (needs --hostfile), as deepspeed's")
     c.add_argument("--hostfile", help="DeepSpeed hostfile for multi-node runs")
     c.add_argument("--model", help="probe model: catalog name or path (default: the built-in zt-gpt-small); "
                                    "with --from, the model the measurements trained")
-    c.add_argument("--seq_len", type=_positive("--seq_len"), help="tokens per sample (probe default: 128)")
+    c.add_argument("--seq_len", type=positive_int("--seq_len"), help="tokens per sample (probe default: 128)")
     c.add_argument("--from", dest="source", metavar="PATH",
                    help="fit from a DeepSpeed autotuning folder, a CSV / JSONL table or zerotune measurements "
                         "instead of running anything")
-    c.add_argument("--out", help="profile to write (default: data/profiles/<hardware>.json)")
+    c.add_argument("--out", help="profile to write (default: <hardware>.json in the user profile folder, "
+                                 "$ZEROTUNE_HOME/profiles or ~/.local/share/zerotune/profiles)")
+    c.add_argument("--force", action="store_true", help="replace the profile at --out if it exists")
     c.add_argument("--quick", action="store_true", help="fewest sizes and steps (CI)")
-    c.add_argument("--max_probes", type=_positive("--max_probes"), default=6, help="real probe runs (at most 6)")
-    c.add_argument("--timeout_s", type=float, default=900.0, help="time limit per run")
+    c.add_argument("--max_probes", type=positive_int("--max_probes"), default=6, help="real probe runs (at most 6)")
+    c.add_argument("--timeout_s", type=positive_float("--timeout_s"), default=900.0, help="time limit per run")
     c.add_argument("--plot", metavar="FILE.png", help="step time predicted against measured, before and after")
     c.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
 
@@ -118,14 +121,6 @@ def _names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("give at least one name")
     return names
-
-
-def _positive_list(flag: str):
-    one = _positive(flag)
-
-    def parse(text: str) -> list[int]:
-        return [one(part) for part in text.split(",")]
-    return parse
 
 
 def _explore(text: str) -> tuple[str, ...]:
@@ -139,6 +134,9 @@ def _explore(text: str) -> tuple[str, ...]:
 def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Flags override the ds_config, the way DeepSpeed's autotuner overrides keys per experiment."""
     doc = dict(doc)
+    if not isinstance(doc.get("zero_optimization") or {}, dict):
+        raise ValueError(f"ds_config zero_optimization must be an object, e.g. {{\"stage\": 2}}, got "
+                         f"{doc['zero_optimization']!r}")
     zero = dict(doc.get("zero_optimization") or {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
@@ -173,12 +171,9 @@ def _plan_for(args: argparse.Namespace, hardware: str, doc: dict[str, Any]) -> t
     """(how to predict, whether a calibration profile applies) for one GPU type."""
     eff, unc, calibrated = Efficiency(), Uncertainty(), False
     if args.profile:
-        from zerotune.calibrate.profiles import load_profile  # the one place predict reads calibrate's data
         profile = load_profile(Path(args.profile))
         if profile.hardware == hardware:
-            eff, calibrated = profile.efficiency, True
-            unc = Uncertainty(profile.uncertainty.step_time_rel,
-                              profile.uncertainty.peak_memory_rel or Uncertainty().memory_rel)
+            eff, unc, calibrated = profile.efficiency, profile.uncertainty.bands(), True
         else:
             warnings.warn(f"--profile {args.profile} was fitted on {profile.hardware}, not {hardware}; "
                           f"predicting {hardware} uncalibrated")
@@ -195,8 +190,10 @@ def _predict(args: argparse.Namespace) -> int:
     if args.plot and not args.rank:
         raise ValueError("--plot draws the ranked space; add --rank")
     doc = _doc(args)
-    job_of = lambda hw, nodes: planning.build_job(args.model, hw, nodes, args.num_gpus, args.seq_len,  # noqa: E731
-                                                  args.attention)
+    def job_of(hardware: str, nodes: int) -> Any:
+        job = planning.build_job(args.model, hardware, nodes, args.num_gpus, args.seq_len, args.attention)
+        planning.check_parallelism(job, doc)
+        return job
     if len(args.num_nodes) > 1:
         plan, calibrated = _plan_for(args, args.hardware[0], doc)
         jobs = [(f"{n} node(s)", job_of(args.hardware[0], n)) for n in args.num_nodes]
@@ -224,7 +221,6 @@ def _predict(args: argparse.Namespace) -> int:
                          f"{least.memory.total_bytes / GIB:.1f} GiB ({experiment_name(least.config)}); add GPUs or nodes, offload, checkpointing "
                          f"or a shorter --seq_len")
     if args.plot:
-        from zerotune.validate.plots import plot_space
         space = space_from_ds_config(doc, world_size=job.cluster.world_size, hidden_size=job.model.hidden_size,
                                      explore=plan.explore)
         plot_space(job, evaluate_space(job, space, plan.efficiency), Path(args.plot), plan.efficiency)
@@ -233,17 +229,23 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], text: Any) -> int:
-    print(json.dumps(doc, indent=2) if args.json else text())
+    if not args.json:
+        print(text())
+        return 0
+    try:
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    except ValueError as exc:  # a NaN or infinity in a prediction is zerotune's bug: never printed as non-JSON
+        raise ArithmeticError(f"the prediction holds a NaN or infinity ({exc})") from None
     return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from zerotune.calibrate import run as calibration  # torch-free; the measuring steps import torch when they run
-    from zerotune.validate.plots import plot_predicted_vs_measured
     hardware = load_hardware(args.hardware).name
+    out = Path(args.out) if args.out else default_profile_path(hardware)
+    check_writable(out, args.force)  # before anything is measured
     if args.source:
-        from zerotune.calibrate.ingest import read_measurements
-        measurements = read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len)
+        measurements = calibration.on_hardware(
+            read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len), hardware)
         environment = {"source": str(args.source)}
     else:
         measured = calibration.measure(
@@ -251,7 +253,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             model=args.model, seq_len=args.seq_len, quick=args.quick, max_probes=args.max_probes,
             timeout_s=args.timeout_s, progress=lambda line: print(line, file=sys.stderr, flush=True))
         measurements, environment = list(measured.measurements), measured.environment
-    cal = calibration.fit_and_save(measurements, environment, Path(args.out) if args.out else None,
+    cal = calibration.fit_and_save(measurements, environment, out,
                                    base=calibration.starting_efficiency(environment, hardware))
     if args.plot:
         calibration.plot_fit(cal, Path(args.plot), plot_predicted_vs_measured)
@@ -267,22 +269,34 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     print(f"zerotune: warning: {message}", file=sys.stderr)
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:500] + (" ..." if len(text) > 500 else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
     try:
-        if args.verb == "tune":
-            from zerotune.validate.tune import run_tune
-            return run_tune(args)
-        return {"predict": _predict, "calibrate": _calibrate}[args.verb](args)
+        return {"predict": _predict, "calibrate": _calibrate, "tune": run_tune}[args.verb](args)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a run that could not be measured, said in one line
-        print(f"zerotune: error: {exc}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        print(f"zerotune: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):  # output piped into `head`: not an error
             sys.stderr.close()
             return 0
-        print(f"zerotune: error: {exc.filename or ''}: {exc.strerror}; check the path and its permissions",
+        if args.debug:
+            traceback.print_exc()
+        print(f"zerotune: error: {exc.filename or ''}: {exc.strerror or _one_line(exc)}; check the path and its "
+              f"permissions", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # a bug, not the user's mistake: one line, where to report it, the trace on --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"zerotune: internal error: {type(exc).__name__}: {_one_line(exc)}; please report it to {REPORT_TO}",
               file=sys.stderr)
         return EXIT_USAGE
 

@@ -107,23 +107,11 @@ def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
             "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
-def _zerotune_prefix() -> list[str]:
-    """`zerotune tune` through the CLI when it has the verb, else through zerotune.validate.tune's own two functions."""
-    from zerotune.cli import build_parser
-    verbs = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    if "tune" in verbs:
-        return [sys.executable, "-m", "zerotune.cli", "tune"]
-    shim = ("import argparse, sys; from zerotune.validate.tune import add_tune_arguments, run_tune; "
-            "p = argparse.ArgumentParser(prog='zerotune tune'); add_tune_arguments(p); "
-            "sys.exit(run_tune(p.parse_args()))")
-    return [sys.executable, "-c", shim]
-
-
 def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
     # zerotune gets exactly what DeepSpeed's autotuner gets (no --model, no --seq_len): what it needs about the
     # model it learns from its own profiling run of the script, as DeepSpeed's autotuner does.
-    return [*_zerotune_prefix(), "--num_gpus", str(job.num_gpus), "--hardware", "cpu", str(WORKLOAD),
-            "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
+    return [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", str(job.num_gpus), "--hardware", "cpu",
+            str(WORKLOAD), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
 def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:

@@ -34,7 +34,7 @@ from scipy.optimize import least_squares
 
 from zerotune.calibrate.measurement import Measurement, to_record
 from zerotune.calibrate.params import PARAMS, PARAMS_BY_NAME, check_params, from_internal, to_internal
-from zerotune.calibrate.profiles import CalibrationProfile, FitQuality, Uncertainty
+from zerotune.calibrate.profiles import CalibrationProfile, FitQuality, FitUncertainty
 from zerotune.predictor import ClusterSpec, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model, to_ds_config
 from zerotune.predictor.memory import estimate_memory
 from zerotune.predictor.step_time import estimate_time
@@ -431,7 +431,7 @@ def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
         num_oom=sum(c.m.status == "oom" for c in cases), num_folds=num_folds,
         oom_misclassified_before=_misclassified(cases, base), oom_misclassified_after=_misclassified(cases, eff),
         held_out_by=by)
-    uncertainty = Uncertainty(step_time_rel=_rms_log(steps_oos) or 0.0, peak_memory_rel=_rms_log(memory_oos))
+    uncertainty = FitUncertainty(step_time_rel=_rms_log(steps_oos) or 0.0, peak_memory_rel=_rms_log(memory_oos))
     usable = sum(m.status in ("ok", "oom") for m in measurements)
     notes = fitted.notes + ((f"{usable} rows are {len(distinct)} distinct configurations; repeats were merged "
                              f"(median) before fitting and before estimating the out-of-sample error",)

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 from zerotune.calibrate.measurement import Measurement, read_jsonl
 from zerotune.predictor import DSConfig, load_hardware, load_model, parse_ds_config
 from zerotune.predictor.catalog import nearest
+from zerotune.predictor.limits import MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_SEQ_LEN
 
 __all__ = ["read_measurements", "read_autotuning", "read_table", "TABLE_COLUMNS", "REQUIRED_COLUMNS"]
 
@@ -60,6 +61,8 @@ TABLE_COLUMNS = ("model", "hardware", "num_nodes", "num_gpus", "zero_stage", "mi
 REQUIRED_COLUMNS = ("model", "hardware", "num_nodes", "num_gpus", "zero_stage", "micro_batch", "grad_accum",
                     "seq_len", "precision", "status")
 _TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
+_COLUMN_MAXIMA = {"num_nodes": MAX_NODES, "num_gpus": MAX_GPUS_PER_NODE, "micro_batch": MAX_MICRO_BATCH,
+                  "grad_accum": MAX_GRAD_ACCUM, "seq_len": MAX_SEQ_LEN}
 # Messages PyTorch, the CUDA/ROCm runtime, the HPU runtime and the host kernel use for running out of memory.
 _OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|\bOOM\b", re.IGNORECASE)
 _ERROR = re.compile(r"error", re.IGNORECASE)
@@ -92,11 +95,14 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     if path.suffix == ".csv":
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
-            _check_columns(f"{path}:1", reader.fieldnames or [])
-            for row in reader:
-                if None in row:
-                    raise ValueError(f"{path}:{reader.line_num}: more values than columns; fix the row")
-                yield reader.line_num, row
+            try:
+                _check_columns(f"{path}:1", reader.fieldnames or [])
+                for row in reader:
+                    if None in row:
+                        raise ValueError(f"{path}:{reader.line_num}: more values than columns; fix the row")
+                    yield reader.line_num, row
+            except csv.Error as exc:  # a field over the csv module's limit, a stray quote or NUL byte
+                raise ValueError(f"{path}:{reader.line_num}: not readable as CSV ({exc}); fix the row") from None
         return
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
@@ -145,6 +151,9 @@ class _Row:
         value = self.get(column, lambda s: _as_int(s), "an integer", required)
         if value is not None and value < minimum:
             raise self.error(column, f"{value} is below {minimum}; fix the value")
+        maximum = _COLUMN_MAXIMA.get(column, 2**62)
+        if value is not None and value > maximum:
+            raise self.error(column, f"{value:g} is above {maximum:,}; fix the value")
         return value
 
     def number(self, column: str) -> float | None:
@@ -165,7 +174,7 @@ class _Row:
 
 def _as_int(text: str) -> int:
     value = float(text)  # accepts 5e8 as CSV writers often print bucket sizes
-    if value != int(value):
+    if not value.is_integer():  # also NaN and infinities
         raise ValueError(text)
     return int(value)
 
@@ -217,6 +226,10 @@ def _table_row(where: str, raw: dict[str, Any], defaults: dict[str, Any]) -> Mea
     row = _Row(where, raw, defaults)
     model, hardware = _catalog(row, "model", load_model), _catalog(row, "hardware", load_hardware)
     nodes, gpus = row.integer("num_nodes"), row.integer("num_gpus")
+    node_size = load_hardware(hardware).num_devices_per_node
+    if gpus > node_size:
+        raise row.error("num_gpus", f"{gpus} exceeds the {node_size} devices per node of {hardware}; num_gpus counts "
+                                    f"GPUs per node: split them over num_nodes")
     status = row.choice("status", ("ok", "oom", "timeout", "failed"))
     throughput, step_s = row.number("throughput_samples_per_s"), row.number("step_s")
     if status == "ok" and throughput is None and step_s is None:
@@ -232,7 +245,11 @@ def read_table(path: Path, model: str | None = None, hardware: str | None = None
                seq_len: int | None = None) -> list[Measurement]:
     """Rows of a CSV (or JSONL of row objects) with the columns in the module docstring."""
     defaults = {"model": model, "hardware": hardware, "seq_len": seq_len}
-    return [_table_row(f"{path}:{number}", row, defaults) for number, row in _rows(Path(path))]
+    rows = [_table_row(f"{path}:{number}", row, defaults) for number, row in _rows(Path(path))]
+    if not rows:
+        raise ValueError(f"--from {path}: no rows; give a header line ({', '.join(REQUIRED_COLUMNS)}, ...) and one "
+                         f"row per measured run")
+    return rows
 
 
 # -- DeepSpeed autotuning folders -----------------------------------------------------------------------
@@ -319,17 +336,27 @@ def _timings(metrics: dict[str, Any], samples_per_step: int, gas: int, where: Pa
     return out
 
 
+def _count(exp: dict[str, Any], key: str, default: int, maximum: int, exp_dir: Path) -> int:
+    value = exp.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise ValueError(f"{exp_dir / 'exp.json'}: {key} must be a whole number from 1 to {maximum}, got {value!r}; "
+                         f"the autotuning folder is damaged")
+    return value
+
+
 def _experiment(exp_dir: Path, model: str, hardware: str, seq_len: int) -> Measurement:
     exp = _json(exp_dir / "exp.json") if (exp_dir / "exp.json").is_file() else {}
-    nodes, gpus = int(exp.get("num_nodes", 1)), int(exp.get("num_gpus", load_hardware(hardware).num_devices_per_node))
+    if not isinstance(exp, dict):
+        raise ValueError(f"{exp_dir / 'exp.json'}: expected a JSON object; the autotuning folder is damaged")
+    nodes = _count(exp, "num_nodes", 1, MAX_NODES, exp_dir)
+    gpus = _count(exp, "num_gpus", load_hardware(hardware).num_devices_per_node, MAX_GPUS_PER_NODE, exp_dir)
     cfg = _experiment_config(exp_dir, exp, nodes * gpus, load_model(model).hidden_size)
     common = dict(model=model, hardware=hardware, num_nodes=nodes, num_gpus_per_node=gpus, seq_len=seq_len,
                   config=cfg, source=str(exp_dir))
     metrics_path = exp_dir / "metrics.json"
     if metrics_path.is_file():
-        samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * nodes * gpus // cfg.mp_size
-        return Measurement(status="ok", **common,
-                           **_timings(_json(metrics_path), samples, cfg.gradient_accumulation_steps, metrics_path))
+        return Measurement(status="ok", **common, **_timings(_json(metrics_path), cfg.samples_per_step(nodes * gpus),
+                                                             cfg.gradient_accumulation_steps, metrics_path))
     status, reason = _stderr_status(exp_dir)
     return Measurement(status=status, reason=reason, **common)  # type: ignore[arg-type]
 

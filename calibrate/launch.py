@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
+from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
+from zerotune.calibrate.environment import collect_environment
+
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
            "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
 
@@ -158,19 +161,6 @@ def deepspeed_command(spec: LaunchSpec) -> list[str]:
             str(spec.script), *spec.script_args, spec.ds_config_flag, str(spec.run_dir / "ds_config.json")]
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write then rename: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """One JSON document, atomically (metrics files, run-folder records); NaN is refused, not written."""
-    _write_atomic(path, json.dumps(doc, indent=1, allow_nan=False))
-
-
 def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     metrics = spec.run_dir / "metrics.json"
@@ -178,8 +168,7 @@ def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
     autotuning = {**(spec.ds_config.get("autotuning") or {}), "metric_path": str(metrics.resolve())}
     write_json_atomic(spec.run_dir / "ds_config.json", {**spec.ds_config, "autotuning": autotuning})
     env_lines = [f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
-    _write_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
-    from zerotune.calibrate.environment import collect_environment
+    write_text_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
     write_json_atomic(spec.run_dir / "environment.json", collect_environment(query_device=False))
 
 

@@ -69,8 +69,7 @@ class Measurement:
 
     @property
     def samples_per_step(self) -> int:
-        cfg = self.config
-        return cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * self.world_size // cfg.mp_size
+        return self.config.samples_per_step(self.world_size)
 
     @property
     def measured_step_s(self) -> float | None:
@@ -119,7 +118,7 @@ def append_jsonl(path: Path, measurements: Iterable[Measurement]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as out:
         for m in measurements:
-            out.write(json.dumps(to_record(m)) + "\n")
+            out.write(json.dumps(to_record(m), allow_nan=False) + "\n")
         out.flush()
         os.fsync(out.fileno())
 

@@ -10,29 +10,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.measurement import Measurement, from_record
 from zerotune.predictor import Efficiency
-from zerotune.predictor.catalog import data_dir, nearest
+from zerotune.predictor.rank import Uncertainty
+from zerotune.predictor.catalog import data_dir, nearest, safe_name
 
-__all__ = ["CalibrationProfile", "FitQuality", "Uncertainty", "save_profile", "load_profile",
-           "default_profile_path", "efficiency_from_dict", "profile_measurements", "PROFILE_FORMAT"]
+__all__ = ["CalibrationProfile", "FitQuality", "FitUncertainty", "save_profile", "load_profile",
+           "default_profile_path", "shipped_profile_path", "user_profiles_dir", "find_profile", "check_writable",
+           "efficiency_from_dict", "EFFICIENCY_RANGES", "profile_measurements", "PROFILE_FORMAT"]
 
 PROFILE_FORMAT = "zerotune-profile-1"
 
 
 @dataclass(frozen=True)
-class Uncertainty:
-    """Relative 1-sigma error bands, from out-of-sample fit error: RMS of log(predicted / measured)."""
+class FitUncertainty:
+    """How far a fitted profile's predictions fell from held-out measurements: relative 1-sigma errors, the RMS
+    of log(predicted / measured) out of sample. Ranking turns them into bands (zerotune.predictor.rank.Uncertainty)."""
 
     step_time_rel: float
     peak_memory_rel: float | None = None
     """None when no measurement had a peak memory figure."""
+
+    def bands(self) -> Uncertainty:
+        """The ranking's error bands: these errors, the uncalibrated memory band where none was measured."""
+        return Uncertainty(self.step_time_rel, self.peak_memory_rel or Uncertainty().memory_rel)
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class CalibrationProfile:
     hardware: str
     """Catalog name of the accelerator the measurements ran on."""
     efficiency: Efficiency
-    uncertainty: Uncertainty
+    uncertainty: FitUncertainty
     fit_quality: FitQuality
     fitted_on: dict[str, Any]
     """{'count': int, 'sources': [str], 'measurements': [records from zerotune.calibrate.measurement.to_record]}."""
@@ -79,32 +87,58 @@ def profile_measurements(profile: CalibrationProfile) -> list[Measurement]:
     return [from_record(r, f"profile {profile.hardware}: fitted_on") for r in profile.fitted_on["measurements"]]
 
 
+def shipped_profile_path(hardware: str) -> Path:
+    """The profile zerotune ships for a catalog accelerator (data/profiles/<hardware>.json); read-only."""
+    return data_dir() / "profiles" / f"{safe_name(hardware, 'hardware name')}.json"
+
+
+def user_profiles_dir() -> Path:
+    """Where `zerotune calibrate` writes profiles when --out is not given: $ZEROTUNE_HOME/profiles, else
+    $XDG_DATA_HOME/zerotune/profiles, else ~/.local/share/zerotune/profiles. Never inside data/."""
+    home = os.environ.get("ZEROTUNE_HOME")
+    if home:
+        return Path(home).expanduser() / "profiles"
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg).expanduser() / "zerotune" / "profiles"
+
+
 def default_profile_path(hardware: str) -> Path:
-    return data_dir() / "profiles" / f"{hardware}.json"
+    """Where calibrate writes a profile for `hardware` by default: the user folder, not the shipped data."""
+    return user_profiles_dir() / f"{safe_name(hardware, 'hardware name')}.json"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write beside the target and rename over it: readers see the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+def find_profile(hardware: str) -> Path | None:
+    """The profile predict and tune use for `hardware` when none is named: the user's own calibration first,
+    then the shipped one; None when neither exists."""
+    for path in (default_profile_path(hardware), shipped_profile_path(hardware)):
+        if path.is_file():
+            return path
+    return None
+
+
+def check_writable(path: Path, force: bool) -> None:
+    """Refuse to write a profile into the shipped data/ folder, or over an existing file without --force."""
+    shipped = (data_dir() / "profiles").resolve()
+    if Path(path).resolve().is_relative_to(shipped):
+        raise ValueError(f"--out {path}: data/profiles holds zerotune's shipped profiles and is never overwritten; "
+                         f"leave --out out (it writes to {user_profiles_dir()}) or give another path")
+    if Path(path).exists() and not force:
+        raise ValueError(f"--out {path} exists; add --force to replace it, or give another --out")
+
+
+def _not_computed_as_null(quality: dict[str, Any]) -> dict[str, Any]:
+    """A MAPE over no measurement comes out of numpy as NaN; in the profile it is null ("not computed"), so the
+    file stays JSON and reads back."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in quality.items()}
 
 
 def save_profile(profile: CalibrationProfile, path: Path) -> None:
     doc: dict[str, Any] = {"format": PROFILE_FORMAT, "hardware": profile.hardware, "created": profile.created,
                            "efficiency": dataclasses.asdict(profile.efficiency),
                            "uncertainty": dataclasses.asdict(profile.uncertainty),
-                           "fit_quality": dataclasses.asdict(profile.fit_quality),
+                           "fit_quality": _not_computed_as_null(dataclasses.asdict(profile.fit_quality)),
                            "fitted_on": profile.fitted_on, "environment": profile.environment}
-    _atomic_write(Path(path), json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(path, doc, indent=1)
 
 
 # -- strict reading -------------------------------------------------------------------------------------
@@ -130,8 +164,27 @@ def _required(cls: type) -> list[str]:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
 
+EFFICIENCY_RANGES: dict[str, tuple[float, float]] = {
+    "allocator_slack_fraction": (0.0, 1.0), "gemm_efficiency_scale": (1e-6, 1.5),
+    "memory_bandwidth_efficiency": (1e-6, 1.5), "kernel_launch_s": (0.0, 1.0),
+    "fp32_compute_scale": (1e-6, 100.0), "fp16_compute_scale": (1e-6, 100.0),
+    "bf16_compute_scale": (1e-6, 100.0), "intra_node_bandwidth_efficiency": (1e-6, 1.5),
+    "inter_node_bandwidth_efficiency": (1e-6, 1.5), "overlap_efficiency": (0.0, 1.0),
+    "optimizer_bytes_per_param": (1e-3, 1000.0), "host_optimizer_params_per_s": (1.0, 1e15),
+    "intra_node_latency_s": (0.0, 1.0), "inter_node_latency_s": (0.0, 1.0), "runtime_reserved_bytes": (0.0, 1e14),
+    "step_overhead_s": (0.0, 3600.0), "micro_step_overhead_s": (0.0, 3600.0), "grad_hook_s": (0.0, 1.0),
+    "zero3_module_hook_s": (0.0, 1.0), "zero3_param_fetch_s": (0.0, 1.0), "collective_launch_s": (0.0, 1.0),
+    "tensor_sync_check_s": (0.0, 1.0),
+}
+"""Inclusive (low, high) of each Efficiency field a profile may hold: fractions of a peak lie in (0, 1] (bandwidth
+up to 1.5x a conservative datasheet figure), seconds and bytes are non-negative and below what one step could take.
+Each contains the fitter's bounds (zerotune.calibrate.params.PARAMS, a test checks it), so every fitted profile reads
+back. A field not listed must be finite and >= 0."""
+
+
 def efficiency_from_dict(doc: Any, where: str = "efficiency") -> Efficiency:
-    """An Efficiency from {field: number}; a misspelled field is an error, a missing one keeps its default."""
+    """An Efficiency from {field: number}; a misspelled field is an error, a missing one keeps its default,
+    a value outside its range (EFFICIENCY_RANGES; -1, 50 or NaN as an efficiency) is an error."""
     _check_keys(where, doc, _names(Efficiency), [])
     for key, value in doc.items():
         optional = getattr(Efficiency(), key) is None
@@ -139,6 +192,10 @@ def efficiency_from_dict(doc: Any, where: str = "efficiency") -> Efficiency:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where}.{key} must be a number, got {value!r}")
+        low, high = EFFICIENCY_RANGES.get(key, (0.0, math.inf))
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"{where}.{key} {value!r} is outside {low:g}..{high:g}; re-create the profile with "
+                             f"zerotune calibrate or fix the value")
     return Efficiency(**{k: (None if v is None else float(v)) for k, v in doc.items()})
 
 
@@ -148,6 +205,18 @@ def _no_residual(doc: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ValueError(f"profile {path}: holds a learned residual, which zerotune no longer applies (it did not cut "
                          f"the error on held-out models); set \"residual\": null or re-create the profile")
     return {k: v for k, v in doc.items() if k != "residual"}
+
+
+def _uncertainty(where: str, doc: Any) -> FitUncertainty:
+    unc = _check_keys(where, doc, _names(FitUncertainty), _required(FitUncertainty))
+    for key, value in unc.items():
+        if value is None and key == "peak_memory_rel":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and 0 <= value <= 10):
+            raise ValueError(f"{where}.{key} must be a relative error from 0 to 10, got {value!r}; re-create the "
+                             f"profile with zerotune calibrate")
+    return FitUncertainty(**unc)
 
 
 def load_profile(path: Path) -> CalibrationProfile:
@@ -164,8 +233,7 @@ def load_profile(path: Path) -> CalibrationProfile:
                       ["format"] + _required(CalibrationProfile))
     if doc["format"] != PROFILE_FORMAT:
         raise ValueError(f"profile {path}: format {doc['format']!r} is not {PROFILE_FORMAT!r}; re-create it")
-    unc = _check_keys(f"profile {path}: uncertainty", doc["uncertainty"], _names(Uncertainty),
-                      _required(Uncertainty))
+    unc = _uncertainty(f"profile {path}: uncertainty", doc["uncertainty"])
     quality = _check_keys(f"profile {path}: fit_quality", doc["fit_quality"], _names(FitQuality),
                           _required(FitQuality))
     fitted_on = _check_keys(f"profile {path}: fitted_on", doc["fitted_on"], ["count", "sources", "measurements"],
@@ -176,5 +244,5 @@ def load_profile(path: Path) -> CalibrationProfile:
         from_record(record, f"profile {path}: fitted_on.measurements[{number}]")
     return CalibrationProfile(
         hardware=str(doc["hardware"]), efficiency=efficiency_from_dict(doc["efficiency"], f"profile {path}: efficiency"),
-        uncertainty=Uncertainty(**unc), fit_quality=FitQuality(**quality), fitted_on=fitted_on,
+        uncertainty=unc, fit_quality=FitQuality(**quality), fitted_on=fitted_on,
         environment=dict(doc.get("environment") or {}), created=str(doc.get("created", "")))

@@ -5,18 +5,23 @@ The steps are separate functions so `tune` can refit from its own experiments wi
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from zerotune.calibrate.environment import collect_environment
 from zerotune.calibrate.fit import FitResult, fit, make_profile
 from zerotune.calibrate.measurement import Measurement, append_jsonl
-from zerotune.calibrate.profiles import CalibrationProfile, default_profile_path, save_profile
-from zerotune.predictor import Efficiency
+from zerotune.calibrate.microbench import run_microbenchmarks
+from zerotune.calibrate.probe import run_probes
+from zerotune.calibrate.profiles import CalibrationProfile, save_profile
+from zerotune.calibrate.starting import fit_microbenchmarks
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, HardwareSpec, Job, load_hardware, load_model
 from zerotune.predictor.units import GIB
 
 __all__ = ["Calibration", "Measured", "measure", "starting_efficiency", "fit_and_save", "format_fit", "plot_fit",
-           "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]
+           "on_hardware", "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]
 
 DEFAULT_PROBE_MODEL = "zt-gpt-small"
 """zerotune's built-in GPT-style workload (data/models/zt-gpt-small.yaml), run by calibrate/workload.py."""
@@ -34,14 +39,12 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
             model: str | None, seq_len: int | None, quick: bool, max_probes: int, timeout_s: float,
             progress: Callable[[str], None], run_root: Path | None = None) -> Measured:
     """Microbenchmarks, then at most `max_probes` real DeepSpeed probe runs, all through the launcher."""
-    from zerotune.calibrate.environment import collect_environment
-    from zerotune.calibrate.microbench import run_microbenchmarks
-    from zerotune.calibrate.probe import run_probes
-    from zerotune.predictor import ClusterSpec, Job, load_hardware, load_model
     if max_probes > 6:
         raise ValueError(f"--max_probes {max_probes}: calibration uses at most 6 probe runs; pass 6 or fewer")
     hw = load_hardware(hardware)
-    cluster = ClusterSpec(hw, num_nodes or 1, num_gpus or hw.gpus_per_node)
+    if (num_nodes or 1) > 1 and hostfile is None:
+        raise ValueError(f"--num_nodes {num_nodes} needs --hostfile listing the nodes; give one")
+    cluster = ClusterSpec(hw, num_nodes or 1, num_gpus or hw.num_devices_per_node)
     job = Job(load_model(model or DEFAULT_PROBE_MODEL), cluster, seq_len or DEFAULT_PROBE_SEQ_LEN)  # checks early
     root = run_root or Path("zerotune_calibration") / hw.name
     host = Path(hostfile) if hostfile else None
@@ -61,10 +64,9 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
     return Measured(tuple(measurements), environment)
 
 
-def _probe_base(hw: Any) -> Any:
+def _probe_base(hw: HardwareSpec) -> DSConfig:
     """Probes train in the precision a user of this device would: bf16 or fp16 on accelerators; fp32 on the CPU,
     where bf16 runs 5-15x slower than fp32 and fp16 does not run."""
-    from zerotune.predictor import DSConfig
     if hw.kind == "cpu" or not (hw.supports("bf16") or hw.supports("fp16")):
         return DSConfig(precision="fp32")
     return DSConfig(precision="bf16" if hw.supports("bf16") else "fp16")
@@ -72,8 +74,6 @@ def _probe_base(hw: Any) -> Any:
 
 def starting_efficiency(environment: dict[str, Any], hardware: str) -> Efficiency:
     """The fit starts from what the microbenchmarks say about this cluster, else from the defaults."""
-    from zerotune.calibrate.starting import fit_microbenchmarks
-    from zerotune.predictor import load_hardware
     micro = environment.get("microbenchmarks")
     return fit_microbenchmarks(micro, load_hardware(hardware)) if micro else Efficiency()
 
@@ -86,13 +86,30 @@ class Calibration:
     measurements: tuple[Measurement, ...]
 
 
-def fit_and_save(measurements: Sequence[Measurement], environment: dict[str, Any], out: Path | None,
+def on_hardware(measurements: Sequence[Measurement], hardware: str) -> list[Measurement]:
+    """The measurements that ran on `hardware` (--hardware): the profile is named and used for that device only,
+    so rows of another device are left out, with a warning; none left is an error."""
+    names: dict[str, str] = {}
+    for m in measurements:
+        if m.hardware not in names:
+            names[m.hardware] = load_hardware(m.hardware).name
+    kept = [m for m in measurements if names[m.hardware] == hardware]
+    others = sorted({names[m.hardware] for m in measurements} - {hardware})
+    if not kept:
+        raise ValueError(f"no measurement ran on --hardware {hardware} (they ran on {', '.join(others)}); "
+                         f"pass the --hardware the measurements ran on")
+    if others:
+        warnings.warn(f"{len(measurements) - len(kept)} measurement(s) on {', '.join(others)} left out: the profile "
+                      f"is for --hardware {hardware}")
+    return kept
+
+
+def fit_and_save(measurements: Sequence[Measurement], environment: dict[str, Any], path: Path,
                  base: Efficiency = Efficiency()) -> Calibration:
-    """Fit the measurements, write the profile (default data/profiles/<hardware>.json) and, beside it,
-    the measurements as JSONL so the profile can be refitted or audited."""
+    """Fit the measurements, write the profile to `path` (the caller has checked it may be written) and,
+    beside it, the measurements as JSONL so the profile can be refitted or audited."""
     result = fit(measurements, base)
     profile = make_profile(result, measurements, environment)
-    path = out or default_profile_path(profile.hardware)
     save_profile(profile, path)
     log = path.with_suffix(".measurements.jsonl")
     log.unlink(missing_ok=True)

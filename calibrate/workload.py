@@ -270,8 +270,9 @@ def _metrics(engine: Any, spec: ModelSpec, args: argparse.Namespace, step_s: lis
         "num_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters()),
         "device": device, "world_size": engine.world_size, "micro_batch": micro, "gradient_accumulation_steps": gas,
         "seq_len": args.seq_len, "model": spec.name,
-        # DeepSpeed autotuner's metric keys; latency in milliseconds per optimizer step
-        "throughput": samples / median_s, "latency": median_s * 1e3, "FLOPS_per_gpu": flops / median_s,
+        # DeepSpeed autotuner's metric keys in its units: latency in microseconds per optimizer step, as the
+        # engine writes it (runtime/engine.py: throughput = train_batch_size * 1e6 / latency)
+        "throughput": samples / median_s, "latency": median_s * 1e6, "FLOPS_per_gpu": flops / median_s,
     }
 
 

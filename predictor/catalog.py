@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,18 @@ from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.units import GIB, GIGA, MICRO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware",
-           "model_from_hf_config", "nearest"]
+           "model_from_hf_config", "nearest", "safe_name", "MODEL_LIMITS", "HARDWARE_LIMITS"]
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def safe_name(name: str, where: str) -> str:
+    """A name read from an input that will become part of a file name: letters, digits, '.', '_', '+', '-',
+    starting with a letter or digit, so that '../..' or '/etc' can never steer a write elsewhere."""
+    if not _SAFE_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"{where} {name!r}: use letters, digits, '.', '_', '+' and '-' only (it names files), "
+                         f"e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '-', name).strip('.-') or 'my-gpu'!r}")
+    return name
 
 
 def data_dir() -> Path:
@@ -87,6 +100,34 @@ _MODEL_REQUIRED = {"name", "num_layers", "hidden_size", "num_heads", "ffn_hidden
                    "max_position_embeddings", "source"}
 
 
+MODEL_LIMITS: dict[str, int] = {
+    "num_layers": 4096, "hidden_size": 2**20, "num_heads": 2**14, "num_kv_heads": 2**14, "ffn_hidden_size": 2**22,
+    "vocab_size": 2**24, "max_position_embeddings": 2**30, "type_vocab_size": 2**16,
+    "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
+}
+"""Largest accepted value of each integer model field: several times the largest published transformer
+(126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
+arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
+_MODEL_MIN_ZERO = {"type_vocab_size", "relative_position_buckets", "conv_kernel_size", "published_num_params"}
+
+
+def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
+    """The integer fields of a model description checked: integers (5e8 written as a float is fine), in range."""
+    out = dict(doc)
+    for key, maximum in MODEL_LIMITS.items():
+        if key not in doc:
+            continue
+        value, minimum = doc[key], 0 if key in _MODEL_MIN_ZERO else 1
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
+            raise ValueError(f"{where}: {key} must be a whole number, got {value!r}; fix the value")
+        if not minimum <= value <= maximum:
+            raise ValueError(f"{where}: {key} {value:g} is outside {minimum}..{maximum}; fix the value "
+                             f"(a count, not a parameter total or bytes)")
+        out[key] = int(value)
+    return out
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A catalog model by name, a zerotune model YAML, or a Hugging Face config.json path."""
     path = _resolve("models", name_or_path, "--model")
@@ -94,6 +135,8 @@ def load_model(name_or_path: str) -> ModelSpec:
         return model_from_hf_config(path)
     doc = _read_yaml(path)
     _check_keys(path, doc, _MODEL_FIELDS, _MODEL_REQUIRED)
+    doc = _model_integers(path, doc)
+    doc["name"] = str(doc["name"])
     doc.setdefault("num_kv_heads", doc["num_heads"])
     try:
         return ModelSpec(**doc)
@@ -101,37 +144,70 @@ def load_model(name_or_path: str) -> ModelSpec:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _hf(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    if default is None:
-        raise ValueError(f"config.json: none of {', '.join(keys)} is set; it is needed to describe the model")
-    return default
+_HF_KEYS = {"num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+            "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+            "num_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+            "num_kv_heads": ("num_key_value_heads",),
+            "ffn_hidden_size": ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"),
+            "vocab_size": ("vocab_size",),
+            "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx")}
+
+
+class _NamedIntegers:
+    """config.json's integers, each checked under the key the file uses (n_layer, not num_layers)."""
+
+    def __init__(self, cfg: dict[str, Any], where: Path):
+        self.cfg, self.where = cfg, where
+
+    def __call__(self, field: str, default: int | None = None) -> int:
+        for key in _HF_KEYS[field]:
+            value = self.cfg.get(key)
+            if value is not None:
+                try:
+                    return _model_integers(self.where, {field: value})[field]
+                except ValueError as exc:
+                    raise ValueError(str(exc).replace(f": {field} ", f": {key} ", 1)) from None
+        if default is None:
+            raise ValueError(f"{self.where}: none of {', '.join(_HF_KEYS[field])} is set; add the one your model's "
+                             f"config uses")
+        return default
+
+
+def _hf_label(cfg: dict[str, Any], path: Path) -> str:
+    """The model's name: the hub id the file records, else the file's stem, else model_type and its folder
+    (a config.json in models/ is not the model 'models')."""
+    if cfg.get("_name_or_path"):
+        return str(cfg["_name_or_path"])
+    if path.stem != "config":
+        return path.stem
+    model_type = str(cfg.get("model_type") or "model")
+    return f"{model_type}-{path.resolve().parent.name}" if path.resolve().parent.name else model_type
 
 
 def model_from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json offline (no hub access) into a ModelSpec."""
+    path = Path(path)
     try:
-        cfg = json.loads(Path(path).read_text())
+        cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a Hugging Face config.json is a JSON object, got {type(cfg).__name__}")
     model_type = str(cfg.get("model_type", ""))
-    hidden = int(_hf(cfg, "hidden_size", "n_embd", "d_model", "dim"))
-    heads = int(_hf(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads"))
+    get = _NamedIntegers(cfg, path)
+    hidden, heads = get("hidden_size"), get("num_heads")
     common: dict[str, Any] = dict(
-        name=str(cfg.get("_name_or_path") or Path(path).parent.name or model_type),
-        num_layers=int(_hf(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")),
-        hidden_size=hidden, num_heads=heads,
-        num_kv_heads=int(_hf(cfg, "num_key_value_heads", default=heads)),
-        ffn_hidden_size=int(_hf(cfg, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)),
-        vocab_size=int(_hf(cfg, "vocab_size")),
-        max_position_embeddings=int(_hf(cfg, "max_position_embeddings", "n_positions", "n_ctx", default=2048)),
+        name=_hf_label(cfg, path), num_layers=get("num_layers"), hidden_size=hidden, num_heads=heads,
+        num_kv_heads=get("num_kv_heads", heads), ffn_hidden_size=get("ffn_hidden_size", 4 * hidden),
+        vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
         source=f"Hugging Face config.json at {path}",
     )
-    return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
+    try:
+        return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -170,11 +246,40 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
 _HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops"}
 
 
+HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
+    "memory_gib": (0.0, 16384.0, "GiB"), "runtime_reserved_gib": (0.0, 1024.0, "GiB"),
+    "fp32_tflops": (0.0, 100_000.0, "TFLOP/s"), "fp16_tflops": (0.0, 100_000.0, "TFLOP/s"),
+    "bf16_tflops": (0.0, 100_000.0, "TFLOP/s"),
+    "memory_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"), "intra_node_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"),
+    "inter_node_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"), "host_to_device_gb_per_s": (0.0, 1e6, "GB/s"),
+    "intra_node_latency_us": (0.0, 1_000_000.0, "us"), "inter_node_latency_us": (0.0, 1_000_000.0, "us"),
+    "gpus_per_node": (1.0, 4096.0, "devices"), "host_memory_gib": (0.0, 1_048_576.0, "GiB"),
+    "fp32_matmul_tflops": (0.0, 100_000.0, "TFLOP/s"), "fp16_matmul_tflops": (0.0, 100_000.0, "TFLOP/s"),
+    "bf16_matmul_tflops": (0.0, 100_000.0, "TFLOP/s"),
+    "achievable_memory_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"),
+    "kernel_launch_us": (0.0, 1_000_000.0, "us"), "num_compute_units": (1.0, 1_000_000.0, "units"),
+}
+"""(low, high, unit) of each hardware key, in the key's own unit. Memory, FLOP/s and bandwidth must be above
+low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are ~50x today's largest device (H200: 141 GiB,
+989 TFLOP/s, 4.8 TB/s), so that a figure in base units (FLOP/s where TFLOP/s goes, bytes where GiB goes) or
+in milliseconds where microseconds go is caught rather than predicted with."""
+_LOW_INCLUSIVE = {"runtime_reserved_gib", "intra_node_latency_us", "inter_node_latency_us", "gpus_per_node",
+                  "num_compute_units", "kernel_launch_us"}
+
+
 def _number(path: Path, doc: dict[str, Any], key: str) -> float:
     value = doc[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{path}: {key} must be a number, got {value!r} (YAML reads '989e12' as a string; "
                          f"write 989 or 9.89e+14)")
+    low, high, unit = HARDWARE_LIMITS[key]
+    above_low = value >= low if key in _LOW_INCLUSIVE else value > low
+    if not (math.isfinite(value) and above_low and value <= high):
+        bound = ">=" if key in _LOW_INCLUSIVE else ">"
+        raise ValueError(f"{path}: {key} {value!r} is not a finite number {bound} {low:g} and <= {high:g} "
+                         f"{unit}; write it in {unit}, as the key's name says")
+    if key == "gpus_per_node" and not float(value).is_integer():
+        raise ValueError(f"{path}: gpus_per_node must be a whole number of devices, got {value!r}")
     return float(value)
 
 
@@ -185,6 +290,7 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
     _check_keys(path, doc, _HW_KEYS, _HW_KEYS - _HW_OPTIONAL)
     if doc["kind"] not in ("gpu", "hpu", "cpu"):
         raise ValueError(f"{path}: kind must be gpu, hpu or cpu, got {doc['kind']!r}")
+    name = safe_name(str(doc["name"]), f"{path}: name")
     peak = {p: _number(path, doc, f"{p}_tflops") * TERA
             for p in ("fp32", "fp16", "bf16") if doc.get(f"{p}_tflops") is not None}
     matmul = {p: _number(path, doc, f"{p}_matmul_tflops") * TERA
@@ -193,10 +299,13 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         raise ValueError(f"{path}: <precision>_matmul_tflops must be given for exactly the precisions with a peak "
                          f"({', '.join(sorted(peak))}), got {', '.join(sorted(matmul)) or 'none'}")
     gbps = lambda key: _number(path, doc, key) * GIGA  # noqa: E731 - decimal GB/s as datasheets state it
+    memory_gib, reserved_gib = _number(path, doc, "memory_gib"), _number(path, doc, "runtime_reserved_gib")
+    if reserved_gib >= memory_gib:
+        raise ValueError(f"{path}: runtime_reserved_gib {reserved_gib:g} leaves nothing of memory_gib "
+                         f"{memory_gib:g}; make it the runtime's share (CUDA context, communicator buffers)")
     return HardwareSpec(
-        name=str(doc["name"]), description=str(doc["description"]), kind=doc["kind"],
-        memory_bytes=_number(path, doc, "memory_gib") * GIB,
-        runtime_reserved_bytes=_number(path, doc, "runtime_reserved_gib") * GIB,
+        name=name, description=str(doc["description"]), kind=doc["kind"],
+        memory_bytes=memory_gib * GIB, runtime_reserved_bytes=reserved_gib * GIB,
         peak_flops=peak,
         memory_bandwidth_bytes_per_s=gbps("memory_bandwidth_gb_per_s"),
         intra_node_bandwidth_bytes_per_s=gbps("intra_node_bandwidth_gb_per_s"),

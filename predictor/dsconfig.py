@@ -9,12 +9,14 @@ deepspeed/runtime/zero/config.py and offload_config.py (DeepSpeed 0.19).
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from zerotune.predictor.catalog import nearest
 from zerotune.predictor.hardware import Precision
+from zerotune.predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",
@@ -262,6 +264,11 @@ class DSConfig:
         """Data-parallel ranks: the GPUs over tensor and pipeline parallelism."""
         return world_size // self.model_parallel_size
 
+    def samples_per_step(self, world_size: int) -> int:
+        """Samples per optimizer step, DeepSpeed's train_batch_size: micro-batch x accumulation x data-parallel
+        ranks (deepspeed/runtime/config.py _batch_assertion). Tensor- and pipeline-parallel ranks share samples."""
+        return self.train_micro_batch_size_per_gpu * self.gradient_accumulation_steps * self.dp_size(world_size)
+
     @property
     def grad_precision(self) -> Precision:
         return self.grad_accum_dtype or self.precision
@@ -340,19 +347,26 @@ def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
 
 def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
          auto: int | None = None) -> int | None:
-    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral."""
+    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral. Counts that size what
+    zerotune enumerates have a maximum (limits.DS_CONFIG_MAXIMA); element counts (buckets) need only be finite."""
     name = f"{path}.{key}" if path else key
     value = sec.get(key, default)
     if value == AUTO:
         return auto if auto is not None else default
     if isinstance(value, list):
         raise _list_error(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ValueError(f"ds_config {name} must be an integer, got {value!r}")
+    if value is None:  # JSON null: DeepSpeed's default
+        return default
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
+        raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")
+    minimum = max(minimum, DS_CONFIG_MINIMA.get(key, minimum))
     if value < minimum:
         raise ValueError(f"ds_config {name} must be at least {minimum}, got {value!r}")
+    maximum = DS_CONFIG_MAXIMA.get(key, 2**62)
+    if value > maximum:
+        raise ValueError(f"ds_config {name} {value:g} is above the {maximum:,} zerotune accepts; use a smaller "
+                         f"value")
     return int(value)
 
 
@@ -427,12 +441,15 @@ def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
 
 
 def _grad_accum_dtype(doc: dict[str, Any]) -> Precision | None:
-    value = (doc.get("data_types") or {}).get("grad_accum_dtype")
+    sec = doc.get("data_types") or {}
+    if not isinstance(sec, dict):
+        raise ValueError(f"ds_config data_types must be an object, e.g. {{\"grad_accum_dtype\": \"fp32\"}}, got {sec!r}")
+    value = sec.get("grad_accum_dtype")
     names = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "bf16": "bf16",
              "bfloat16": "bf16"}
     if value is None:
         return None
-    if value not in names:
+    if not isinstance(value, str) or value not in names:
         raise ValueError(f"ds_config data_types.grad_accum_dtype must be fp32, fp16 or bf16, got {value!r}")
     return names[value]  # type: ignore[return-value]
 
@@ -450,14 +467,25 @@ def _autotuning(doc: dict[str, Any]) -> AutotuningConfig:
         default = getattr(defaults, key)
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ValueError(f"ds_config autotuning.{key} must be true or false, got {value!r}")
-        if isinstance(default, int) and not isinstance(default, bool) and key != "max_train_batch_size":
-            _int(sec, "autotuning", key, default)
+        if (isinstance(default, int) and not isinstance(default, bool)) or key == "max_train_batch_size":
+            sec[key] = _int(sec, "autotuning", key, default)
+    if sec.get("min_train_micro_batch_size_per_gpu", 1) > sec.get("max_train_micro_batch_size_per_gpu", 1024):
+        raise ValueError(f"ds_config autotuning.min_train_micro_batch_size_per_gpu "
+                         f"{sec['min_train_micro_batch_size_per_gpu']} is above max_train_micro_batch_size_per_gpu "
+                         f"{sec.get('max_train_micro_batch_size_per_gpu', 1024)}; make min <= max")
     return dataclasses.replace(defaults, **sec)
 
 
 def resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
     """(micro_batch, grad_accum) from the batch triple, as DeepSpeed's config checks it:
     train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * data-parallel size."""
+    micro, gas = _resolve_batch(doc, dp_world_size)
+    _int({"train_micro_batch_size_per_gpu": micro}, "", "train_micro_batch_size_per_gpu", None, 1)
+    _int({"gradient_accumulation_steps": gas}, "", "gradient_accumulation_steps", None, 1)
+    return micro, gas
+
+
+def _resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
     train = _int(doc, "", "train_batch_size", None, 1)
     micro = _int(doc, "", "train_micro_batch_size_per_gpu", None, 1)
     gas = _int(doc, "", "gradient_accumulation_steps", None, 1)
@@ -554,8 +582,7 @@ def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
     keys set."""
     out = dict(cfg.passthrough)
     out.update({
-        "train_batch_size": cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
-        * cfg.dp_size(world_size),
+        "train_batch_size": cfg.samples_per_step(world_size),
         "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "zero_optimization": _zero_dict(cfg),

@@ -23,9 +23,7 @@ class Estimate:
     @property
     def samples_per_step(self) -> int:
         """DeepSpeed's train_batch_size: micro-batch x accumulation x data-parallel ranks."""
-        cfg = self.config
-        return (cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
-                * cfg.dp_size(self.job.cluster.world_size))
+        return self.config.samples_per_step(self.job.cluster.world_size)
 
     @property
     def throughput_samples_per_s(self) -> float:

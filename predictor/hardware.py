@@ -65,6 +65,13 @@ class ClusterSpec:
             raise ValueError(f"--num_nodes must be at least 1, got {self.num_nodes}")
         if self.num_gpus_per_node < 1:
             raise ValueError(f"--num_gpus must be at least 1, got {self.num_gpus_per_node}")
+        node = self.hardware.num_devices_per_node
+        if self.num_gpus_per_node > node:  # a larger "node" would be predicted with intra-node links it lacks
+            nodes = -(-self.num_gpus_per_node // node)
+            raise ValueError(f"--num_gpus {self.num_gpus_per_node} exceeds the {node} devices per node of "
+                             f"{self.hardware.name} (gpus_per_node in its hardware YAML); --num_gpus counts devices "
+                             f"per node: add nodes with --num_nodes (e.g. --num_nodes {nodes} --num_gpus {node}), or "
+                             f"give a hardware YAML with a larger node")
 
     @property
     def world_size(self) -> int:

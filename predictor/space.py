@@ -32,6 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
+from zerotune.predictor.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
 
 __all__ = ["SearchSpace", "space_from_ds_config", "DEFAULT_STAGE_KNOBS", "EXPLORABLE"]
 
@@ -113,10 +114,12 @@ def _stages(zero: dict[str, Any]) -> list[int]:
     return sorted(set(values))
 
 
-def _positive_ints(values: list[Any], path: str) -> tuple[int, ...]:
+def _positive_ints(values: list[Any], path: str, maximum: int) -> tuple[int, ...]:
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
-            raise ValueError(f"ds_config {path}: {value!r} is not a positive integer; list positive integers")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not value.is_integer()) or not 1 <= value <= maximum):
+            raise ValueError(f"ds_config {path}: {value!r} is not a whole number from 1 to {maximum:,}; "
+                             f"list such numbers")
     return tuple(sorted({int(v) for v in values}))
 
 
@@ -154,6 +157,9 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
     if not isinstance(zero, dict):
         raise ValueError("ds_config zero_optimization must be an object")
     autotuning = doc.get("autotuning") or {}
+    if not isinstance(autotuning, dict):
+        raise ValueError(f"ds_config autotuning must be an object, e.g. {{\"metric\": \"throughput\"}}, got "
+                         f"{autotuning!r}")
     fast = autotuning.get("fast") is True
     scalar = {k: v for k, v in doc.items() if k not in ("zero_optimization", "train_batch_size",
                                                        "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
@@ -179,7 +185,7 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
                 variants.setdefault((cfg.zero, ckpt), cfg.replace(activation_checkpointing=ckpt))
     at = base.autotuning
     micro = _values(doc, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
-    micro_batches = (_positive_ints(micro, "train_micro_batch_size_per_gpu") if isinstance(
+    micro_batches = (_positive_ints(micro, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) if isinstance(
         doc.get("train_micro_batch_size_per_gpu"), list) else
         tuple(range(at.min_train_micro_batch_size_per_gpu, at.max_train_micro_batch_size_per_gpu + 1)))
     return SearchSpace(tuple(variants.values()), micro_batches, *_batch_limits(doc, at.max_train_batch_size,
@@ -195,4 +201,4 @@ def _batch_limits(doc: dict[str, Any], max_train: int | None, min_train: int,
     if max_train:
         return (), int(max_train), min_train
     gas = _values(doc, "gradient_accumulation_steps", "gradient_accumulation_steps") or [1]
-    return _positive_ints(gas, "gradient_accumulation_steps"), None, min_train
+    return _positive_ints(gas, "gradient_accumulation_steps", MAX_GRAD_ACCUM), None, min_train

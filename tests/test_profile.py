@@ -9,8 +9,9 @@ import pytest
 
 from zerotune.calibrate.fit import fit, make_profile
 from zerotune.calibrate.measurement import Measurement
-from zerotune.calibrate.profiles import (CalibrationProfile, default_profile_path, load_profile, profile_measurements,
-                               save_profile)
+from zerotune.calibrate.profiles import (EFFICIENCY_RANGES, CalibrationProfile, check_writable, default_profile_path,
+                               efficiency_from_dict, find_profile, load_profile, profile_measurements, save_profile,
+                               shipped_profile_path)
 from zerotune.predictor import DSConfig, Efficiency, estimate
 from tests.conftest import make_job
 
@@ -90,7 +91,43 @@ def test_unreadable_profiles(tmp_path: Path) -> None:
         load_profile(tmp_path / "bad.json")
 
 
-def test_default_profile_path_is_in_the_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert default_profile_path("h100-80gb").parts[-3:] == ("data", "profiles", "h100-80gb.json")
-    monkeypatch.setenv("ZEROTUNE_DATA", str(tmp_path))
-    assert default_profile_path("cpu") == tmp_path / "profiles" / "cpu.json"
+def test_profiles_are_written_to_the_user_folder_and_shipped_ones_read_from_data(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZEROTUNE_HOME", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_profile_path("cpu") == tmp_path / "xdg" / "zerotune" / "profiles" / "cpu.json"
+    monkeypatch.setenv("ZEROTUNE_HOME", str(tmp_path / "home"))
+    assert default_profile_path("cpu") == tmp_path / "home" / "profiles" / "cpu.json"
+    assert shipped_profile_path("h100-80gb").parts[-3:] == ("data", "profiles", "h100-80gb.json")
+    assert find_profile("h100-80gb") == shipped_profile_path("h100-80gb")  # no user calibration yet
+    (tmp_path / "home" / "profiles").mkdir(parents=True)
+    (tmp_path / "home" / "profiles" / "h100-80gb.json").write_text("{}")
+    assert find_profile("h100-80gb") == tmp_path / "home" / "profiles" / "h100-80gb.json"  # the user's comes first
+    monkeypatch.setenv("ZEROTUNE_DATA", str(tmp_path / "data"))
+    assert shipped_profile_path("cpu") == tmp_path / "data" / "profiles" / "cpu.json"
+
+
+def test_the_shipped_profiles_and_existing_files_are_not_overwritten(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="never overwritten"):
+        check_writable(shipped_profile_path("cpu"), force=True)
+    (tmp_path / "p.json").write_text("{}")
+    with pytest.raises(ValueError, match="--force"):
+        check_writable(tmp_path / "p.json", force=False)
+    check_writable(tmp_path / "p.json", force=True)
+    check_writable(tmp_path / "new.json", force=False)
+    with pytest.raises(ValueError, match="letters, digits"):
+        default_profile_path("../../evil")
+
+
+def test_every_fitted_value_is_within_what_a_profile_may_hold() -> None:
+    from zerotune.calibrate.params import PARAMS
+    for spec in PARAMS:
+        low, high = EFFICIENCY_RANGES[spec.name]
+        assert low <= spec.lower and spec.upper <= high, spec.name
+
+
+@pytest.mark.parametrize("field,value", [("gemm_efficiency_scale", -1.0), ("gemm_efficiency_scale", 50.0),
+                                         ("overlap_efficiency", float("nan")), ("step_overhead_s", float("inf"))])
+def test_impossible_efficiencies_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        efficiency_from_dict({field: value})

@@ -1,3 +1,5 @@
-"""zerotune validate: the command line, and (later) tune's top-k experiments."""
+"""zerotune validate: the command line (cli), `tune`'s top-k experiments and results folder (tune, experiments,
+results), the `predict` verb's planning and reports (plan, report, grid, plots) and the accuracy reports against
+published and measured runs (accuracy)."""
 
 __all__: list[str] = []

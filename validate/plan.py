@@ -12,7 +12,7 @@ from zerotune.predictor.rank import Metric, Ranking, Uncertainty, rank
 from zerotune.predictor.space import space_from_ds_config
 from zerotune.validate.report import WhatIf
 
-__all__ = ["Plan", "build_job", "single", "ranking", "best", "scaling_sweep", "hardware_sweep", "DEFAULT_MAX_SEQ_LEN"]
+__all__ = ["Plan", "build_job", "check_parallelism", "single", "ranking", "best", "scaling_sweep", "hardware_sweep", "DEFAULT_MAX_SEQ_LEN"]
 
 DEFAULT_MAX_SEQ_LEN = 2048
 
@@ -36,6 +36,19 @@ def build_job(model: str, hardware: str, num_nodes: int, num_gpus: int, seq_len:
         spec = dataclasses.replace(spec, attention=attention)
     cluster = ClusterSpec(load_hardware(hardware), num_nodes, num_gpus)
     return Job(spec, cluster, seq_len or min(spec.max_position_embeddings, DEFAULT_MAX_SEQ_LEN))
+
+
+def check_parallelism(job: Job, doc: dict[str, Any]) -> None:
+    """Tensor parallelism splits attention heads (and key/value heads) across ranks, so mp_size must divide them
+    (Megatron-LM's TP checks num_attention_heads % tensor_model_parallel_size == 0)."""
+    parallel = {k: doc[k] for k in ("autotuning", "pipeline") if isinstance(doc.get(k), dict)}
+    cfg = parse_ds_config(parallel, world_size=job.cluster.world_size)
+    model = job.model
+    for heads, what in ((model.num_heads, "attention heads"), (model.num_kv_heads, "key/value heads")):
+        if heads % cfg.mp_size:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0 and d <= job.cluster.world_size]
+            raise ValueError(f"--mp_size (autotuning.mp_size) {cfg.mp_size} does not divide {model.name}'s {heads} "
+                             f"{what}; use one of {', '.join(map(str, divisors))}")
 
 
 def single(job: Job, doc: dict[str, Any], plan: Plan) -> Estimate:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.measurement import Status
 from zerotune.predictor import DSConfig, parse_ds_config
 from zerotune.predictor.dsconfig import resolve_batch
@@ -88,20 +88,6 @@ class ExperimentResult:
     wall_s: float = 0.0
     resumed: bool = False
     """Read back from an earlier, interrupted tune instead of run again."""
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, doc: Any) -> None:
-    write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def measured_from_metrics(metrics: Mapping[str, Any], samples_per_step: int, flops_per_step_per_gpu: float,
@@ -214,11 +200,11 @@ def lr_advice(doc: Mapping[str, Any], best: DSConfig, world_size: int) -> str | 
     if any(k in doc and not isinstance(doc[k], int) for k in keys):
         return None  # a list or "auto": the user had no batch of their own to compare with
     try:
-        micro, gas = resolve_batch({k: doc[k] for k in keys if k in doc}, world_size // best.mp_size)
+        micro, gas = resolve_batch({k: doc[k] for k in keys if k in doc}, best.dp_size(world_size))
     except ValueError:
         return None
-    old = micro * gas * world_size // best.mp_size
-    new = best.train_micro_batch_size_per_gpu * best.gradient_accumulation_steps * world_size // best.mp_size
+    old = best.replace(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas).samples_per_step(world_size)
+    new = best.samples_per_step(world_size)
     if old == new:
         return None
     sgd = best.optimizer == "sgd"

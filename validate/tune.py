@@ -37,15 +37,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
-from zerotune.calibrate.profiles import default_profile_path, load_profile
-from zerotune.predictor import DSConfig, Efficiency, Job, experiment_name, parse_ds_config
+from zerotune.calibrate.profiles import find_profile, load_profile
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, evaluate_space, rank
 from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
-from zerotune.validate.plan import build_job
+from zerotune.validate.args import positive_float, positive_int
+from zerotune.validate.plan import build_job, check_parallelism
+from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
                              observation_of, prediction_of, run_search)
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
@@ -121,24 +123,28 @@ def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
     return at
 
 
-def _load_profile(settings: TuneSettings) -> tuple[Efficiency, Uncertainty]:
-    return load_profile_for(settings.hardware, settings.profile)
+def _load_profile(settings: TuneSettings, log: Callable[[str], None] = print) -> tuple[Efficiency, Uncertainty]:
+    return load_profile_for(settings.hardware, settings.profile, log)
 
 
-def load_profile_for(hardware: str, given: Path | None = None) -> tuple[Efficiency, Uncertainty]:
-    """The calibration profile `tune` uses for the hardware: the given one, else data/profiles/<hardware>.json
-    when it exists, else the uncalibrated defaults."""
-    path = given or default_profile_path(hardware)  # honours ZEROTUNE_DATA
-    if not Path(path).is_file():
-        if given is not None:
-            raise ValueError(f"--profile {path}: no such file; give a calibration profile (data/profiles/*.json)")
+def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[str], None] = lambda _: None
+                     ) -> tuple[Efficiency, Uncertainty]:
+    """The profile named by --profile, else the user's calibration of this hardware, else the shipped one;
+    which one is used (or that none is) is said through `log`, never picked up silently."""
+    if given is not None and not Path(given).is_file():
+        raise ValueError(f"--profile {given}: no such file; give a calibration profile (zerotune calibrate "
+                         f"writes one)")
+    path = given or find_profile(load_hardware(hardware).name)  # honours ZEROTUNE_HOME / ZEROTUNE_DATA
+    if path is None:
+        log(f"zerotune tune: no calibration profile for {hardware}; predicting uncalibrated "
+            f"(zerotune calibrate --hardware {hardware} makes one)")
         return Efficiency(), Uncertainty()
     profile = load_profile(Path(path))
     if profile.hardware != hardware:
         warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {hardware}; tuning uncalibrated")
         return Efficiency(), Uncertainty()
-    rel = profile.uncertainty
-    return profile.efficiency, Uncertainty(rel.step_time_rel, rel.peak_memory_rel or Uncertainty().memory_rel)
+    log(f"zerotune tune: calibration profile {path}")
+    return profile.efficiency, profile.uncertainty.bands()
 
 
 # -- predictions and measurements ---------------------------------------------------------------------
@@ -205,8 +211,7 @@ def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, jo
         return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
     if run.status != "ok" or run.metrics is None:
         return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
-    from zerotune.predictor import estimate
-    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * job.cluster.world_size // cfg.mp_size
+    samples = cfg.samples_per_step(job.cluster.world_size)
     flops = estimate(job, cfg).time.model_flops_per_gpu
     try:
         step_s, throughput, value = measured_from_metrics(run.metrics, samples, flops, metric)
@@ -315,8 +320,6 @@ def _write_outputs(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
 
 def _plots(job: Job, space: SearchSpace, model: _Model, results: Sequence[ExperimentResult], layout: Layout) -> None:
     try:
-        from zerotune.predictor.rank import evaluate_space
-        from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
         plot_space(job, evaluate_space(job, space, model.efficiency), layout.results_dir / "space.png",
                    model.efficiency)
         ok = [r for r in results if r.status == "ok" and r.step_s]
@@ -349,9 +352,10 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     at = autotuning_of(settings.doc, world)
     check_arg_mappings(settings.doc, settings.command.args, at.arg_mappings)
     job = build_job(settings.model, settings.hardware, settings.num_nodes, settings.num_gpus, settings.seq_len)
+    check_parallelism(job, settings.doc)
     space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
                                  explore=_explorable(settings))
-    model = _Model(*_load_profile(settings))
+    model = _Model(*_load_profile(settings, log))
     table = candidate_table(job, space, model.efficiency, at.metric)
     bounds = memory_bounds([observation_of(job, model.efficiency, m) for m in initial], model.uncertainty)
     if not fit_probability(table.candidates.memory_ratio, bounds).any():
@@ -376,22 +380,23 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     """The `tune` verb's arguments; everything after the script belongs to the script."""
     p = parser
     p.add_argument("--run", action="store_true", help="then train with the optimal configuration")
-    p.add_argument("--num_gpus", type=int, help="devices per node, as deepspeed's (default: the hostfile's "
+    p.add_argument("--num_gpus", type=positive_int("--num_gpus"), help="devices per node, as deepspeed's (default: the hostfile's "
                                                 "slots, else the hardware catalog's devices per node)")
-    p.add_argument("--num_nodes", type=int, help="nodes (default: the hostfile's hosts, else 1)")
+    p.add_argument("--num_nodes", type=positive_int("--num_nodes"), help="nodes (default: the hostfile's hosts, else 1)")
     p.add_argument("--hostfile", type=Path, help="DeepSpeed hostfile ('host slots=N' lines); one node needs none")
-    p.add_argument("--top_k", type=int, default=DEFAULT_TOP_K,
+    p.add_argument("--top_k", type=positive_int("--top_k"), default=DEFAULT_TOP_K,
                    help=f"most experiments to run, a ceiling: the search stops sooner once no configuration can "
                         f"beat the measured best (default {DEFAULT_TOP_K}; autotuning.tuner_num_trials caps it too)")
-    p.add_argument("--profile", type=Path, help="calibration profile (default: data/profiles/<hardware>.json "
-                                                "when it exists)")
+    p.add_argument("--profile", type=Path, help="calibration profile (default: the user's calibration of the "
+                                                "hardware, else the shipped data/profiles/<hardware>.json; the one "
+                                                "used is printed)")
     p.add_argument("--model", help="catalog name, model YAML or config.json (default: one profiling run of "
                                    f"the script; {BUILTIN_MODEL} for the built-in workload)")
     p.add_argument("--hardware", help="catalog name or YAML (default: cpu when DS_ACCELERATOR=cpu or no "
                                       "nvidia-smi is on PATH)")
-    p.add_argument("--seq_len", type=int, help=f"tokens per sample the script trains on (built-in: {BUILTIN_SEQ_LEN})")
-    p.add_argument("--timeout_s", type=float, default=600.0, help="seconds before an experiment counts as hung")
-    p.add_argument("--memory_cap_gib", type=float, help="per-process address-space cap for experiments (RLIMIT_AS)")
+    p.add_argument("--seq_len", type=positive_int("--seq_len"), help=f"tokens per sample the script trains on (built-in: {BUILTIN_SEQ_LEN})")
+    p.add_argument("--timeout_s", type=positive_float("--timeout_s"), default=600.0, help="seconds before an experiment counts as hung")
+    p.add_argument("--memory_cap_gib", type=positive_float("--memory_cap_gib"), help="per-process address-space cap for experiments (RLIMIT_AS)")
     p.add_argument("--explore", default=",".join(EXPLORABLE),
                    help="what the space may add that the ds_config does not set: offload,checkpointing or none")
     p.add_argument("--deepspeed", dest="tune_ds_config", metavar="DS_CONFIG",
@@ -423,27 +428,25 @@ def _default_hardware() -> str:
     raise ValueError("which GPU is this? give --hardware (a data/hardware name or YAML)")
 
 
-def _positive(value: float | None, flag: str) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{flag} must be positive, got {value:g}")
-
-
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
-    """Validated settings; the model stays empty when it must come from a profiling run."""
-    for flag in ("num_gpus", "num_nodes", "top_k", "seq_len", "timeout_s", "memory_cap_gib"):
-        _positive(getattr(args, flag), f"--{flag}")
+    """Validated settings (argparse has range-checked the numbers); the model stays empty when it must come from a
+    profiling run."""
+    explore = tuple(i.strip() for i in args.explore.split(",") if i.strip() not in ("", "none"))
+    for item in explore:
+        if item not in EXPLORABLE:
+            raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
     command, model, seq_len = _command(args)
     doc = read_ds_config(command.ds_config_path)
     hardware = args.hardware or _default_hardware()
-    from zerotune.predictor import load_hardware
     hw = load_hardware(hardware)
     hosts = read_hostfile(args.hostfile) if args.hostfile else None
     if hosts is None and (args.num_nodes or 1) > 1:
         raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
     num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
     num_gpus = args.num_gpus or (min(s for _, s in hosts) if hosts else hw.num_devices_per_node)
+    ClusterSpec(hw, num_nodes, num_gpus)  # --num_gpus within the node, before anything runs
+    autotuning_of(doc, num_nodes * num_gpus)  # the autotuning section's numbers, before anything runs
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
-    explore = tuple(i.strip() for i in args.explore.split(",") if i.strip() not in ("", "none"))
     return TuneSettings(command, doc, model or "", hardware, num_gpus, num_nodes, args.hostfile, seq_len,
                         args.top_k, args.profile, args.timeout_s, env,
                         int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run)
