@@ -46,12 +46,13 @@ from predictor.units import GIB
 from validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
 from validate.plan import build_job
+from validate.profiled import ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled
 from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
-           "lr_advice", "measurement_of", "run_experiment", "autotuning_of", "profile_model", "REFIT_MIN_MEASUREMENTS", "BUILTIN_SCRIPT"]
+           "lr_advice", "measurement_of", "run_experiment", "autotuning_of", "profile_model", "ProfileOutcome", "REFIT_MIN_MEASUREMENTS", "BUILTIN_SCRIPT"]
 
 Launcher = Callable[[LaunchSpec], RunResult]
 REPO = Path(__file__).resolve().parent.parent
@@ -184,6 +185,22 @@ def _corrected(base: _Model, job: Job, measurements: Sequence[Measurement]) -> _
     return _Model(eff, base.uncertainty, math.exp(sum(logs) / len(logs)))
 
 
+def _first_predictions(job: Job, model: _Model, measured: Sequence[Measurement], metric: Metric) -> list[str]:
+    """The uncorrected prediction of each earlier measurement against what it measured, one line each."""
+    from predictor import estimate
+    from predictor.rank import _band
+    lines = []
+    for m in measured:
+        if m.status != "ok" or not m.measured_step_s:
+            continue
+        step_s = estimate(job, m.config, model.efficiency).time.step_s
+        low, high = _band(m.samples_per_step / step_s, "throughput", model.uncertainty.step_time_rel)
+        lines.append(f"zerotune tune: profiling run {experiment_name(m.config)}: measured "
+                     f"{m.samples_per_step / m.measured_step_s:.4g} samples/s, predicted {m.samples_per_step / step_s:.4g}"
+                     f" (band {low:.4g}-{high:.4g}); the predictions are corrected with it")
+    return lines
+
+
 def _beats(prediction: Prediction, best: ExperimentResult, metric: Metric) -> bool:
     """Whether the prediction's optimistic end beats the measured best."""
     assert best.metric_value is not None
@@ -246,8 +263,9 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
 
 def _search(settings: TuneSettings, job: Job, space: SearchSpace, at: AutotuningConfig, layout: Layout,
             model: _Model, launcher: Launcher, log: Callable[[str], None],
-            results: list[ExperimentResult]) -> str:
-    """Run experiments into `results` until the stopping rule or the budget ends it; returns why it stopped."""
+            results: list[ExperimentResult], initial: Sequence[Measurement] = ()) -> str:
+    """Run experiments into `results` until the stopping rule or the budget ends it; returns why it stopped.
+    `initial` (the profiling run's measurement) enters every correction but is not an experiment."""
     metric, budget = at.metric, min(settings.top_k, at.tuner_num_trials)
     done: set[str] = set()
     while len(results) < budget:
@@ -267,7 +285,7 @@ def _search(settings: TuneSettings, job: Job, space: SearchSpace, at: Autotuning
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
         done.add(result.name)
-        model = _corrected(model, job, [measurement_of(settings, job, r, layout) for r in results])
+        model = _corrected(model, job, [*initial, *(measurement_of(settings, job, r, layout) for r in results)])
     return f"stopped: the budget of {budget} experiments (top_k {settings.top_k}, tuner_num_trials " \
            f"{at.tuner_num_trials}) is spent"
 
@@ -323,8 +341,10 @@ def _explorable(settings: TuneSettings) -> tuple[str, ...]:
     return tuple(e for e in settings.explore if not (e == "offload" and client_optimizer))
 
 
-def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print) -> TuneOutcome:
-    """Rank, run the most promising experiments, write the results folder; see the module docstring."""
+def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print,
+         initial: Sequence[Measurement] = ()) -> TuneOutcome:
+    """Rank, run the most promising experiments, write the results folder; see the module docstring.
+    `initial`: measurements made before (the profiling run), corrections' first evidence, not experiments."""
     start = time.monotonic()
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
@@ -333,12 +353,16 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
                                  explore=_explorable(settings))
     model = _Model(*_load_profile(settings))
+    if initial:
+        for line in _first_predictions(job, model, initial, at.metric):
+            log(line)
+        model = _corrected(model, job, initial)
     if not _candidates(job, space, model, at.metric, set(), 1):
         raise _nothing_fits(job, space, model)
     layout = Layout(Path(at.results_dir), Path(at.exps_dir))
     results: list[ExperimentResult] = []
     try:
-        stop_reason = _search(settings, job, space, at, layout, model, launcher, log, results)
+        stop_reason = _search(settings, job, space, at, layout, model, launcher, log, results, initial)
     except KeyboardInterrupt:  # the launcher has killed its ranks; leave a consistent folder, then stop
         _write_outputs(settings, job, at, layout, results, "interrupted (Ctrl-C): rerun to resume",
                        time.monotonic() - start)
@@ -427,32 +451,69 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
                         int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run)
 
 
-def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> str:
-    """One short run of the script with DeepSpeed's model_info profile; the parameter count it reports becomes
-    a model YAML in the results folder (experiments.model_from_num_params) whose path is returned."""
-    import json
-    import yaml
-    from validate.experiments import model_from_num_params, model_info_ds_config
+@dataclass(frozen=True)
+class ProfileOutcome:
+    """The profiling run: the model YAML it wrote, the sequence length it saw, and its measurement."""
+
+    model_path: str
+    seq_len: int | None
+    measurement: Measurement | None
+    """Its step time and peak memory, for the tuner's correction (None when it measured nothing)."""
+
+
+def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
+                         model_path: str, seq_len: int) -> Measurement | None:
+    """DeepSpeed's engine timing (autotuning metrics) when written, else the hook's median wall step."""
+    world = settings.num_nodes * settings.num_gpus
+    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * world // cfg.mp_size
+    step_s = median_step_s(profiled)
+    if run.status == "ok" and run.metrics is not None:
+        try:
+            step_s = measured_from_metrics(run.metrics, samples, 0.0, "throughput")[0]
+        except ValueError:
+            pass
+    if step_s is None:
+        return None
+    return Measurement(model=model_path, hardware=settings.hardware, num_nodes=settings.num_nodes,
+                       num_gpus_per_node=settings.num_gpus, seq_len=seq_len, config=cfg, status="ok", step_s=step_s,
+                       throughput_samples_per_s=samples / step_s, peak_memory_bytes=profiled.peak_memory_bytes,
+                       source=str(run.run_dir), reason="zerotune tune's profiling run")
+
+
+def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
+    """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
+    experiment, with calibrate/profiling_site reading the model inside the user's process (validate.profiled).
+    Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
     space = space_from_ds_config(settings.doc, world_size=world, explore=())
     cfg = space.variants[0].replace(train_micro_batch_size_per_gpu=min(space.micro_batches))
-    run_dir = Path(at.results_dir) / "model_info"
-    info_path = (run_dir / "model_info.json").resolve()
-    info_path.unlink(missing_ok=True)
-    doc = model_info_ds_config(cfg, world, info_path)
-    run = launcher(_launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc)))
+    run_dir = Path(at.results_dir) / "profile"
+    prefix = (run_dir / "profiled").resolve()
+    for old in run_dir.glob("profiled.*.json"):
+        old.unlink()
+    doc = experiment_ds_config(cfg, world, at)
+    spec = _launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc))
+    run = launcher(replace(spec, env=profiling_env(spec.env, prefix)))
+    name = f"profiled-{settings.command.script.stem}"
     try:
-        info = json.loads(info_path.read_text())
-        num_params = int(info["num_params"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"the profiling run of {settings.command.script} reported no parameter count ({run.status}"
-                         f"{': ' + run.reason if run.reason else ''}; see {run_dir}); give --model") from None
-    source = f"derived by zerotune tune from DeepSpeed's model_info profile: num_params {num_params} ({info_path})"
-    model_doc = model_from_num_params(num_params, f"profiled-{settings.command.script.stem}", source)
+        profiled = read_profiled(prefix, name, world)
+    except ValueError as exc:
+        why = f"{run.status}{': ' + run.reason if run.reason else ''}"
+        raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
+                         f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
+    seq_len = settings.seq_len or profiled.seq_len
+    if seq_len is None:
+        raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
+                         f" give --seq_len")
     path = Path(at.results_dir) / "model_profiled.yaml"
-    write_text_atomic(path, yaml.safe_dump(model_doc, sort_keys=False))
-    return str(path)
+    write_text_atomic(path, model_yaml(profiled, f"read by zerotune tune's profiling run of "
+                                                f"{settings.command.script} ({run_dir})"))
+    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), seq_len)
+    if measurement is not None:
+        (run_dir / "measurement.jsonl").unlink(missing_ok=True)
+        append_jsonl(run_dir / "measurement.jsonl", [measurement])
+    return ProfileOutcome(str(path), seq_len, measurement)
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -460,9 +521,12 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     130 on Ctrl-C; user mistakes raise ValueError (the CLI prints one line and exits 2)."""
     settings = settings_from_args(args)
     try:
+        initial: tuple[Measurement, ...] = ()
         if not settings.model:
-            settings = replace(settings, model=profile_model(settings, launcher))
-        outcome = tune(settings, launcher)
+            profiled = profile_model(settings, launcher)
+            settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len)
+            initial = (profiled.measurement,) if profiled.measurement else ()
+        outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:
         print("zerotune tune: interrupted; every rank was stopped. Rerun the same command to resume.", file=sys.stderr)
         return 130
