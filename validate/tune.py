@@ -43,7 +43,8 @@ from predictor.dsconfig import AutotuningConfig
 from predictor.rank import MAXIMISED, Metric, Ranked, Uncertainty, rank
 from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from predictor.units import GIB
-from validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
+from validate.experiments import (UserCommand, check_arg_mappings, filtered_resources, read_ds_config, experiment_ds_config,
+                                  optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
 from validate.plan import build_job
 from validate.profiled import ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled
@@ -83,6 +84,22 @@ class TuneSettings:
     memory_limit_bytes: int | None = None
     explore: tuple[str, ...] = EXPLORABLE
     run_after: bool = False
+    launch_flags: LauncherOptions = field(default_factory=lambda: LauncherOptions())
+    """DeepSpeed launcher flags passed through as the user gave them."""
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """The deepspeed launcher's flags a user brings (launcher/runner.py), passed through unchanged."""
+
+    include: str | None = None
+    exclude: str | None = None
+    launcher: str | None = None
+    launcher_args: str | None = None
+    no_ssh: bool = False
+    master_addr: str | None = None
+    master_port: int | None = None
+    """None: a free port per run (zerotune's default, so a stale run cannot collide)."""
 
 
 @dataclass(frozen=True)
@@ -212,9 +229,14 @@ def _beats(prediction: Prediction, best: ExperimentResult, metric: Metric) -> bo
 # -- one experiment ----------------------------------------------------------------------------------------
 
 def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str]) -> LaunchSpec:
-    return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
-                      timeout_s=settings.timeout_s, script_args=tuple(args), num_gpus=settings.num_gpus,
-                      num_nodes=settings.num_nodes if settings.hostfile else None, hostfile=settings.hostfile,
+    o = settings.launch_flags
+    filtered = o.include is not None or o.exclude is not None  # the runner refuses counts beside a filter
+    return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir,
+                      master_port=o.master_port or free_port(), timeout_s=settings.timeout_s, script_args=tuple(args),
+                      num_gpus=None if filtered else settings.num_gpus,
+                      num_nodes=settings.num_nodes if settings.hostfile and not filtered else None,
+                      hostfile=settings.hostfile, include=o.include, exclude=o.exclude, launcher=o.launcher,
+                      launcher_args=o.launcher_args, no_ssh=o.no_ssh, master_addr=o.master_addr,
                       env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
                       ds_config_flag=settings.command.ds_config_flag)
 
@@ -398,8 +420,51 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                    help="what the space may add that the ds_config does not set: offload,checkpointing or none")
     p.add_argument("--deepspeed", dest="tune_ds_config", metavar="DS_CONFIG",
                    help="the ds_config, when no script is given (the built-in workload, calibrate/workload.py)")
+    add_launcher_arguments(p)
     p.add_argument("script", nargs="?", help="the training script (default: the built-in workload)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments, --deepspeed ds.json among them")
+
+
+LAUNCHERS = ("pdsh", "openmpi", "mpich", "impi", "slurm", "mvapich")
+"""DeepSpeed's multi-node backends (launcher/constants.py)."""
+
+
+def add_launcher_arguments(p: argparse.ArgumentParser) -> None:
+    """deepspeed's own launcher flags, passed through to every run as the user gives them."""
+    p.add_argument("--include", help="deepspeed --include: hosts and slots to use, e.g. 'worker-0:0,1@worker-1'")
+    p.add_argument("--exclude", help="deepspeed --exclude: hosts and slots to leave out, same format")
+    p.add_argument("--launcher", type=str.lower, choices=LAUNCHERS, help="deepspeed --launcher: the multi-node "
+                   "backend (default pdsh)")
+    p.add_argument("--launcher_args", help="deepspeed --launcher_args: passed to the backend as one string")
+    p.add_argument("--no_ssh", action="store_true", help="deepspeed --no_ssh: each node runs the command itself")
+    p.add_argument("--master_addr", help="deepspeed --master_addr (default: the runner's)")
+    p.add_argument("--master_port", type=int, help="deepspeed --master_port (default: a free port per run)")
+
+
+def _launcher_options(args: argparse.Namespace) -> LauncherOptions:
+    return LauncherOptions(getattr(args, "include", None), getattr(args, "exclude", None),
+                           getattr(args, "launcher", None), getattr(args, "launcher_args", None),
+                           bool(getattr(args, "no_ssh", False)), getattr(args, "master_addr", None),
+                           getattr(args, "master_port", None))
+
+
+def _resources(args: argparse.Namespace, devices_per_node: int) -> tuple[int, int]:
+    """(nodes, devices per node): the flags, else the hostfile (and --include / --exclude), else one node."""
+    hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    if getattr(args, "include", None) or getattr(args, "exclude", None):
+        if args.num_gpus or args.num_nodes:
+            raise ValueError("--include / --exclude cannot be combined with --num_gpus / --num_nodes (as for "
+                             "deepspeed); give one or the other")
+        pool = hosts or [("localhost", devices_per_node)]
+        hosts = filtered_resources(pool, args.include, args.exclude)
+        if not hosts or len({n for _, n in hosts}) != 1:
+            raise ValueError(f"--include/--exclude leave {hosts or 'no devices'}: zerotune models the same number "
+                             f"of devices on every node; choose an even selection")
+        return len(hosts), hosts[0][1]
+    if hosts is None and (args.num_nodes or 1) > 1:
+        raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
+    num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
+    return num_nodes, args.num_gpus or (min(s for _, s in hosts) if hosts else devices_per_node)
 
 
 def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | None]:
@@ -439,16 +504,13 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     hardware = args.hardware or _default_hardware()
     from predictor import load_hardware
     hw = load_hardware(hardware)
-    hosts = read_hostfile(args.hostfile) if args.hostfile else None
-    if hosts is None and (args.num_nodes or 1) > 1:
-        raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
-    num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
-    num_gpus = args.num_gpus or (min(s for _, s in hosts) if hosts else hw.num_devices_per_node)
+    num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
     explore = tuple(i.strip() for i in args.explore.split(",") if i.strip() not in ("", "none"))
     return TuneSettings(command, doc, model or "", hardware, num_gpus, num_nodes, args.hostfile, seq_len,
                         args.top_k, args.profile, args.timeout_s, env,
-                        int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run)
+                        int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run,
+                        _launcher_options(args))
 
 
 @dataclass(frozen=True)

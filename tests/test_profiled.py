@@ -1,0 +1,109 @@
+"""The profiling run reads the user's model: calibrate.inspect_model on the fixture scripts' modules, the files the
+profiling hook writes turned into model_profiled.yaml and a measurement (validate.profiled), and the one-line
+error for a model whose structure cannot be read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from predictor import load_model
+from validate.profiled import PROFILING_SITE, model_yaml, profiling_env, read_profiled
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+from calibrate.inspect_model import describe  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts"
+
+
+def _script(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(f"fixture_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _write_profile(prefix: Path, model: torch.nn.Module, inputs: list[dict], **rank0) -> None:
+    Path(f"{prefix}.model.json").write_text(json.dumps(describe(model), default=str))
+    state = {"rank": 0, "inputs": inputs, "forward_calls": 3, "block_calls": 3, "sdpa_calls": 0, "sdpa_dropout_p": 0.0,
+             "step_s": [2.0, 1.0, 1.2], "peak_memory_bytes": 1e9, "peak_memory_kind": "peak RSS", **rank0}
+    Path(f"{prefix}.rank0.json").write_text(json.dumps(state))
+    Path(f"{prefix}.rank1.json").write_text(json.dumps({**state, "rank": 1, "peak_memory_bytes": 1.5e9}))
+
+
+def test_encoder_structure_is_read_from_nn_multihead_attention() -> None:
+    doc = describe(_script("encoder_mlm").MaskedLM())
+    s = doc["structure"]
+    # the fixture's constants: 4 layers, width 384, 6 heads, MLP 1536, vocabulary 8192, 512 positions, 2 token types
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["num_kv_heads"]) == (4, 384, 6, 6)
+    assert (s["ffn_hidden_size"], s["vocab_size"], s["max_position_embeddings"], s["type_vocab_size"]) == \
+        (1536, 8192, 512, 2)
+    assert s["tied_embeddings"] and s["embedding_norm"] and not s["gated_mlp"] and s["norm"] == "layernorm"
+    assert doc["num_params"] == sum(p.numel() for p in _script("encoder_mlm").MaskedLM().parameters())
+
+
+def test_decoder_grouped_kv_and_gated_mlp_are_read_from_linear_shapes() -> None:
+    doc = describe(_script("decoder_lm").Decoder())
+    s = doc["structure"]
+    # 6 blocks of width 256, 8 heads sharing 2 K/V heads (k_proj 256 -> 64), SwiGLU 704, untied head, no biases
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["num_kv_heads"]) == (6, 256, 8, 2)
+    assert (s["ffn_hidden_size"], s["gated_mlp"], s["vocab_size"], s["tied_embeddings"]) == (704, True, 6000, False)
+    assert s["norm"] == "rmsnorm" and s["position_embedding"] == "rotary" and not s["qkv_bias"]
+
+
+@pytest.mark.parametrize("script, cls, counted_rel", [
+    ("decoder_lm", "Decoder", 0.0),        # every tensor is one ModelSpec.tensors() lists
+    ("encoder_mlm", "MaskedLM", 0.016),    # the MLM head's transform (h x h + norm + vocabulary bias) is not modelled
+])
+def test_profiled_yaml_loads_and_counts_the_parameters(tmp_path: Path, script: str, cls: str, counted_rel: float) -> None:
+    model = getattr(_script(script), cls)()
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [4, 97], "dtype": "int64"}])
+    run = read_profiled(prefix, f"profiled-{script}", 2)
+    assert (run.micro_batch, run.seq_len, run.peak_memory_bytes) == (4, 97, 1.5e9)  # the largest rank's peak
+    path = tmp_path / "model_profiled.yaml"
+    path.write_text(model_yaml(run, "test"))
+    spec = load_model(str(path))
+    counted = sum(p.numel() for p in model.parameters())
+    assert spec.num_params == pytest.approx(counted, rel=counted_rel, abs=0)
+    assert "# read: " in path.read_text() and spec.max_position_embeddings >= 97
+
+
+def test_checkpointing_and_fused_attention_are_read_from_the_first_step(tmp_path: Path) -> None:
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}]
+    _write_profile(prefix, _script("decoder_lm").Decoder(), inputs, block_calls=6, sdpa_calls=36)
+    run = read_profiled(prefix, "d", 2)
+    assert run.activation_checkpointing and run.model.attention == "flash" and run.seq_len == 64
+
+
+def test_hugging_face_config_is_used_directly(tmp_path: Path) -> None:
+    model = _script("decoder_lm").Decoder()
+    hf = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "num_hidden_layers": 6, "intermediate_size": 704, "vocab_size": 6000, "max_position_embeddings": 1024}
+    model.config = SimpleNamespace(to_dict=lambda: dict(hf))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}])
+    run = read_profiled(prefix, "hf", 2)
+    assert run.model.max_position_embeddings == 1024 and run.model.gated_mlp and "Hugging Face config" in run.read[0]
+
+
+def test_an_unreadable_model_says_so_in_one_line(tmp_path: Path) -> None:
+    conv = torch.nn.Sequential(torch.nn.Conv1d(8, 8, 3), torch.nn.ReLU(), torch.nn.Conv1d(8, 8, 3))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, conv, [])
+    with pytest.raises(ValueError, match="cannot read this model's structure \\(no repeated block") as err:
+        read_profiled(prefix, "conv", 2)
+    assert "\n" not in str(err.value)
+
+
+def test_profiling_env_puts_the_site_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/user/lib")
+    env = profiling_env({"DS_ACCELERATOR": "cpu"}, Path("/r/profiled"))
+    assert env["PYTHONPATH"].split(":") == [str(PROFILING_SITE), "/user/lib"]
+    assert env["ZEROTUNE_PROFILE_OUT"] == "/r/profiled" and env["DS_ACCELERATOR"] == "cpu"
