@@ -12,7 +12,8 @@ predictor.catalog reads from a config.json); otherwise the structure is read fro
 - inside one block, nn.Linear shapes give the attention projections (h -> h, fused h -> 3h, or h -> kv for
   grouped K/V), the MLP width (h -> f) and a gated MLP (two h -> f projections); nn.MultiheadAttention gives
   its heads, otherwise an attribute named like num_heads / n_head on the attention module does;
-- the LM head is a Linear h -> vocabulary; tied when its weight is the embedding's tensor.
+- the LM head is a Linear h -> vocabulary; tied when its weight is the embedding's tensor; an h -> h Linear outside
+  the blocks (not a pooler) beside it is a masked-LM transform (BERT).
 
 This file imports only torch: the profiling hook loads it by path so no zerotune package name enters the
 user's process.
@@ -167,17 +168,19 @@ def _outside_norms(model: nn.Module, blocks: nn.Module) -> tuple[bool, bool]:
     return emb, final
 
 
-def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> tuple[str, bool]:
-    """('lm' | 'pooler' | 'none', tied)."""
+def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str, Any]:
+    """head ('lm' | 'pooler' | 'none'), tied, and for an LM head its bias and an h x h transform before it (BERT's
+    masked-LM head: dense + norm, transformers BertPredictionHeadTransform)."""
     inside = {id(m) for m in blocks.modules()}
     h, vocab = tokens.embedding_dim, tokens.num_embeddings
-    outside = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside]
-    lm = [m for m in outside if _shape(m.weight) == (vocab, h)]
+    outside = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
+    lm = [m for _, m in outside if _shape(m.weight) == (vocab, h)]
+    square = [n for n, m in outside if _shape(m.weight) == (h, h)]
     if lm:
-        return "lm", lm[0].weight is tokens.weight
-    if any(_shape(m.weight) == (h, h) for m in outside):
-        return "pooler", False
-    return "none", False
+        transform = any("pool" not in n.lower() for n in square)
+        return {"head": "lm", "tied_embeddings": lm[0].weight is tokens.weight, "head_bias": lm[0].bias is not None,
+                "head_transform": transform}
+    return {"head": "pooler" if square else "none", "tied_embeddings": False}
 
 
 def _params_by_kind(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str, int]:
@@ -203,11 +206,11 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes)
     kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // (h // heads))
     mlp.pop("kv_dim", None)
-    head, tied = _head(model, blocks, tokens)
+    head = _head(model, blocks, tokens)
     emb_norm, final_norm = _outside_norms(model, blocks)
     doc: dict[str, Any] = {"num_layers": len(blocks), "hidden_size": h, "num_heads": heads, "num_kv_heads": kv_heads,
                            "vocab_size": tokens.num_embeddings, **mlp, "norm": _norm_kind(blocks[0]),
-                           "tied_embeddings": tied, "head": head, "embedding_norm": emb_norm, "final_norm": final_norm,
+                           **head, "embedding_norm": emb_norm, "final_norm": final_norm,
                            "dropout": any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks[0].modules())}
     if "positions" in others:
         doc.update(position_embedding="learned", max_position_embeddings=others["positions"].num_embeddings)

@@ -30,6 +30,9 @@ __all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "m
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
 """Forward calls of the first block per micro-step when activation checkpointing recomputes it in backward."""
+_HEAD_KEYS = ("head", "tied_embeddings", "head_transform", "head_bias")
+"""What a Hugging Face config cannot say (BertModel, BertForMaskedLM and BertForPreTraining share one) and the
+modules can (calibrate/inspect_model.py _head)."""
 
 
 @dataclass(frozen=True)
@@ -90,10 +93,15 @@ def _attention(rank0: Mapping[str, Any], read: list[str], assumed: list[str]) ->
 def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: list[str],
           assumed: list[str]) -> ModelSpec:
     hf = model_doc.get("hf_config")
+    structure = model_doc.get("structure")
     if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")):
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
-        return model_from_hf_dict(hf, name, "")
-    structure = model_doc.get("structure")
+        spec = model_from_hf_dict(hf, name, "")
+        if structure and structure.get("hidden_size") == spec.hidden_size:  # the config names the family, the
+            head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
+            read.append(f"head from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
+            spec = spec.replace(**head)
+        return spec
     if not structure:
         raise LookupError(model_doc.get("error") or "no structure recorded")
     doc = dict(structure)
