@@ -224,6 +224,12 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     return doc
 
 
+def _checkpointing(model: nn.Module) -> bool:
+    """A Hugging Face model's own switch (transformers 5 renamed is_gradient_checkpointing, which now warns)."""
+    attr = next((a for a in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(model), a)), None)
+    return bool(getattr(model, attr, False)) if attr else False
+
+
 def describe(model: nn.Module) -> dict[str, Any]:
     """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'num_params',
     'params_by_kind', 'dtype', 'gradient_checkpointing'}; 'structure' is None when it cannot be read."""
@@ -239,5 +245,5 @@ def describe(model: nn.Module) -> dict[str, Any]:
         out["params_by_kind"] = _params_by_kind(model, found[1], tokens)
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
-               gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)))
+               gradient_checkpointing=_checkpointing(model))
     return out

@@ -107,3 +107,40 @@ def test_profiling_env_puts_the_site_first(monkeypatch: pytest.MonkeyPatch) -> N
     env = profiling_env({"DS_ACCELERATOR": "cpu"}, Path("/r/profiled"))
     assert env["PYTHONPATH"].split(":") == [str(PROFILING_SITE), "/user/lib"]
     assert env["ZEROTUNE_PROFILE_OUT"] == "/r/profiled" and env["DS_ACCELERATOR"] == "cpu"
+
+
+_PROBE_THEN_IMPORT = """
+import importlib.util, sys
+assert importlib.util.find_spec("deepspeed") is not None  # transformers' is_deepspeed_available, before the import
+import deepspeed
+print(hasattr(deepspeed.initialize, "__wrapped__"))
+"""
+
+
+def test_the_hook_survives_an_availability_check_before_the_import(tmp_path: Path) -> None:
+    """The Hugging Face Trainer asks importlib.util.find_spec("deepspeed") long before importing it (seen: the
+    profiling run of a Trainer script wrote no model file)."""
+    import subprocess
+    import sys
+    env = {**profiling_env({"DS_ACCELERATOR": "cpu"}, tmp_path / "profiled"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", _PROBE_THEN_IMPORT], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_hugging_face_masked_lm_keeps_its_head_from_the_modules(tmp_path: Path) -> None:
+    """BertForMaskedLM: the config (model_type bert) says 'pooler'; the modules have an MLM head and no pooler."""
+    pytest.importorskip("transformers")
+    module = _script("hf_trainer_mlm")
+    from transformers import BertConfig, BertForMaskedLM
+    model = BertForMaskedLM(BertConfig(vocab_size=module.VOCAB, hidden_size=module.HIDDEN, num_hidden_layers=module.LAYERS,
+                                       num_attention_heads=module.HEADS, intermediate_size=module.FFN,
+                                       max_position_embeddings=module.POSITIONS))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, module.SEQ], "dtype": "int64"}])
+    run = read_profiled(prefix, "hf-bert", 2)
+    m = run.model
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size) == (3, 320, 5, 1280, 5000)
+    assert (m.head, m.tied_embeddings, m.head_transform, m.head_bias) == ("lm", True, True, True)
+    assert m.num_params == sum(p.numel() for p in model.parameters())  # every tensor, counted once

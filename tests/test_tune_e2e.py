@@ -212,3 +212,49 @@ def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: 
     run_cmd = results / Path(measured[0].source).name / "cmd.txt"
     assert f"--batch_size {measured[0].config.train_micro_batch_size_per_gpu}" in run_cmd.read_text()
 
+
+
+def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -> None:
+    """`--deepspeed ds_config.json` with "auto" values the Trainer fills in, the batch through arg_mappings, the
+    model read from the Hugging Face model's config and modules by the profiling run (a BertForMaskedLM)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from validate.tune import run_tune
+    doc = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+           "gradient_clipping": "auto", "steps_per_print": 1000,
+           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                     "weight_decay": "auto", "torch_adam": True}},
+           "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                        "warmup_num_steps": "auto"}},
+           "zero_optimization": {"stage": [0, 1]},
+           "autotuning": {"start_profile_step": 1, "end_profile_step": 2, "max_train_micro_batch_size_per_gpu": 4,
+                          "results_dir": str(tmp_path / "results"), "exps_dir": str(tmp_path / "exps"),
+                          "arg_mappings": {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                                           "gradient_accumulation_steps": "--gradient_accumulation_steps"}}}
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(doc))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--timeout_s", "400", "--explore", "none",
+                              "--top_k", "1", "--memory_cap_gib", "6", str(SCRIPTS / "hf_trainer_mlm.py"),
+                              "--deepspeed", str(config), "--output_dir", str(tmp_path / "out"), "--use_cpu",
+                              "--per_device_train_batch_size", "8", "--report_to", "none", "--save_strategy", "no",
+                              "--max_steps", "20"])
+    assert run_tune(args) == 0
+    results = tmp_path / "results"
+    profiled = (results / "model_profiled.yaml").read_text()
+    assert "Hugging Face config (model_type bert)" in profiled and "head_transform: true" in profiled
+    from predictor import load_model
+    model = load_model(str(results / "model_profiled.yaml"))
+    # the script's BertConfig: 3 layers of 320, 5 heads, MLP 1280, vocabulary 5000, sequence 64
+    assert (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size, model.vocab_size) == \
+        (3, 320, 5, 1280, 5000)
+    assert "--per_device_train_batch_size 1" in (results / "profile" / "cmd.txt").read_text()
+    measured = read_jsonl(results / "measurements.jsonl")
+    assert len(measured) == 1 and measured[0].status == "ok"
+    best = measured[0].config
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == best.train_micro_batch_size_per_gpu
+    assert optimal["optimizer"]["params"]["lr"] == "auto"  # the Trainer's own values stay the Trainer's
+    assert f"--per_device_train_batch_size {best.train_micro_batch_size_per_gpu}" in \
+        (results / "cmd_optimal.txt").read_text()

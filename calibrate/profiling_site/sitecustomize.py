@@ -147,19 +147,29 @@ def _patch(deepspeed: Any) -> None:
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds `deepspeed` through the other finders, then patches it right after its own code has run."""
+    """Finds `deepspeed` through the other finders, then patches it right after its own code has run. It stays on
+    sys.meta_path until then: availability checks (transformers' is_deepspeed_available calls
+    importlib.util.find_spec) ask for a spec they never execute."""
+
+    def __init__(self) -> None:
+        self._looking = False
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "deepspeed":
+        if name != "deepspeed" or self._looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self._looking = True  # importlib.util.find_spec asks every finder, this one included
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def patched(module: Any) -> None:
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             _patch(module)
         spec.loader.exec_module = patched  # type: ignore[method-assign]
         return spec
