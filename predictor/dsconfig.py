@@ -435,6 +435,9 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
     optimizer, momentum = _optimizer(doc)
     handled = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "fp16",
                "bf16", "zero_optimization", "activation_checkpointing", "autotuning"}
+    # a precision the Hugging Face Trainer fills in ("enabled": "auto") stays the Trainer's to fill: dropping the
+    # section would train in fp32 while the Trainer's --bf16 / --fp16 believes otherwise
+    handled -= {k for k in ("fp16", "bf16") if isinstance(doc.get(k), dict) and doc[k].get("enabled") == AUTO}
     return DSConfig(
         train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=_precision(doc),
         grad_accum_dtype=_grad_accum_dtype(doc), optimizer=optimizer, optimizer_momentum=momentum,

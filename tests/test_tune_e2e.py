@@ -221,7 +221,7 @@ def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -
     pytest.importorskip("accelerate")
     from validate.tune import run_tune
     doc = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
-           "gradient_clipping": "auto", "steps_per_print": 1000,
+           "gradient_clipping": "auto", "steps_per_print": 1000, "bf16": {"enabled": "auto"},
            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                      "weight_decay": "auto", "torch_adam": True}},
            "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
@@ -256,5 +256,6 @@ def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert optimal["train_micro_batch_size_per_gpu"] == best.train_micro_batch_size_per_gpu
     assert optimal["optimizer"]["params"]["lr"] == "auto"  # the Trainer's own values stay the Trainer's
+    assert optimal["bf16"] == {"enabled": "auto"}
     assert f"--per_device_train_batch_size {best.train_micro_batch_size_per_gpu}" in \
         (results / "cmd_optimal.txt").read_text()
