@@ -26,6 +26,8 @@ BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 """The ds_config keys a tuned experiment changes that scripts also take from their own arguments."""
 _BATCH_FLAG = re.compile(r"^--?[\w-]*(batch[_-]?size|micro[_-]?batch)[\w-]*(=.*)?$", re.IGNORECASE)
 _ACCUM_FLAG = re.compile(r"^--?[\w-]*(accumulation|grad[_-]?accum)[\w-]*(=.*)?$", re.IGNORECASE)
+_TRAINER_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps")
+"""The Hugging Face TrainingArguments flags that fill BATCH_KEYS' "auto" values."""
 _NOT_TRAINING = re.compile(r"eval|valid|test|infer", re.IGNORECASE)
 
 
@@ -106,12 +108,12 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
     says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
     a batch-size flag, and arg_mappings does not say which flag to rewrite."""
     mapped = set((arg_mappings or {}).keys())
-    for key, pattern in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG)):
+    for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), _TRAINER_FLAGS):
         if key in mapped:
             continue
         flags = [a.split("=", 1)[0] for a in args if pattern.match(a) and not _NOT_TRAINING.search(a)]
         if doc.get(key) == "auto" or flags:
-            flag = flags[0] if flags else "--per_device_train_batch_size"
+            flag = flags[0] if flags else trainer_flag
             where = f"the script takes {flags[0]}" if flags else f"ds_config {key} is \"auto\""
             raise ValueError(f"{where} but autotuning.arg_mappings has no {key}: add \"arg_mappings\": "
                              f"{{\"{key}\": \"{flag}\"}} so each experiment runs its own batch")
