@@ -74,6 +74,10 @@ class ModelSpec:
     """DeBERTa-v2 relative position embeddings: 2 * buckets rows of width hidden, plus their norm."""
     conv_kernel_size: int = 0
     """DeBERTa-v2 convolution beside the first block (kernel * hidden * hidden weights)."""
+    activation_scale: float = 1.0
+    """Bytes a block keeps for backward, measured over predictor.activations' formula: 1 for the implementations
+    the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
+    the first block, validate/profiled.py)."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -82,6 +86,8 @@ class ModelSpec:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if not self.activation_scale > 0:
+            raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
                              f"num_heads {self.num_heads}")

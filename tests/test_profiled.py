@@ -144,3 +144,31 @@ def test_hugging_face_masked_lm_keeps_its_head_from_the_modules(tmp_path: Path) 
     assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size) == (3, 320, 5, 1280, 5000)
     assert (m.head, m.tied_embeddings, m.head_transform, m.head_bias) == ("lm", True, True, True)
     assert m.num_params == sum(p.numel() for p in model.parameters())  # every tensor, counted once
+
+
+def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_path: Path) -> None:
+    """The profiling hook counts what autograd saves in the first block (saved-tensor hooks); the model's
+    activation_scale then makes the formula give exactly that for the script's own code."""
+    from predictor.activations import layer_activation_bytes
+    spec = importlib.util.spec_from_file_location("zt_site_test", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    module = _script("encoder_mlm")
+    model = module.MaskedLM()
+    state = {"block_saved_bytes": 0, "block_saved_calls": 0}
+    site._count_saved(model, model.encoder.layers[0], state)
+    ids = torch.randint(5, module.VOCAB, (2, module.SEQ))
+    model({"input_ids": ids, "labels": ids}).backward()
+    saved = state["block_saved_bytes"]
+    model({"input_ids": ids, "labels": ids})
+    assert state["block_saved_bytes"] == saved  # only the first forward is counted
+    # at least the formula's tensors (Korthikanti et al. 2022 eq. 2 in fp32): PyTorch's eager attention keeps more
+    assert saved > layer_activation_bytes(load_model("bert-base").replace(
+        hidden_size=384, num_heads=6, num_kv_heads=6, ffn_hidden_size=1536), 2, module.SEQ, 4)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, module.SEQ], "dtype": "int64"}],
+                   block_saved_bytes=saved)
+    run = read_profiled(prefix, "enc", 2)
+    assert run.model.activation_scale > 1.0
+    assert layer_activation_bytes(run.model, 2, module.SEQ, 4) == pytest.approx(saved, rel=1e-3)
+    assert any("kept" in line and "for backward" in line for line in run.read)

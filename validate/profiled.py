@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from predictor.activations import layer_activation_bytes
 from predictor.catalog import model_from_hf_dict
 from predictor.model import ModelSpec
 
@@ -111,6 +112,20 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
     return ModelSpec(name=name, **doc)
 
 
+def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[int, int] | None, dtype: str,
+                      read: list[str]) -> float:
+    """Measured over formula bytes the first block kept for backward at the first micro-batch (1.0 when nothing
+    was measured: no token input, or checkpointing ran the block without gradients)."""
+    saved = float(rank0.get("block_saved_bytes") or 0)
+    if not saved or tokens is None:
+        return 1.0
+    act_bytes = 2 if any(t in dtype for t in ("bfloat16", "float16")) else 4
+    formula = layer_activation_bytes(spec.replace(activation_scale=1.0), tokens[0], tokens[1], act_bytes)
+    read.append(f"the first block kept {saved / 2**20:.3g} MiB for backward at {tokens[0]} x {tokens[1]} tokens, "
+                f"the formula {formula / 2**20:.3g} MiB: activations x {saved / formula:.3g}")
+    return saved / formula
+
+
 def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     """The profiling run's files read back; ValueError (one line) when the model's structure could not be read."""
     model_doc = _load(Path(f"{prefix}.model.json"))
@@ -127,6 +142,8 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     except (LookupError, ValueError, TypeError) as exc:
         raise ValueError(f"cannot read this model's structure ({exc})") from None
     spec = spec.replace(attention=_attention(rank0, read, assumed))
+    spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens, str(model_doc.get("dtype", "")),
+                                                                 read), 4))
     per_step = int(rank0.get("forward_calls") or 0)
     recompute = per_step > 0 and int(rank0.get("block_calls") or 0) >= RECOMPUTED_CALLS * per_step
     if recompute:

@@ -6,8 +6,9 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   no zerotune package name enters the user's process);
 - every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes (a forward
   pre-hook), forward calls of the first block per micro-step (2 when activation checkpointing recomputes it in
-  backward), calls to scaled_dot_product_attention and their dropout, wall seconds per optimizer step and the
-  peak memory so far (CPU: peak resident set size, getrusage; accelerators: max_memory_allocated).
+  backward), the bytes the first block keeps for backward in its first forward (saved-tensor hooks), calls to
+  scaled_dot_product_attention and their dropout, wall seconds per optimizer step and the peak memory so far
+  (CPU: peak resident set size, getrusage; accelerators: max_memory_allocated).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
 """
@@ -81,6 +82,7 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
         def count(*_: Any) -> None:
             state["block_calls"] += 1
         blocks[0].register_forward_pre_hook(count)
+        _count_saved(engine.module, blocks[0], state)
     sdpa = F.scaled_dot_product_attention
 
     @functools.wraps(sdpa)
@@ -90,6 +92,40 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
         state["sdpa_dropout_p"] = max(state["sdpa_dropout_p"], float(dropout or 0.0))
         return sdpa(*args, **kwargs)
     F.scaled_dot_product_attention = counted  # multi_head_attention_forward looks it up in F's globals
+
+
+def _count_saved(module: Any, block: Any, state: dict[str, Any]) -> None:
+    """Bytes the first block keeps for backward in its first forward with gradients: every tensor autograd saves
+    (torch.autograd.graph.saved_tensors_hooks), each storage once, parameters (and views of them) left out."""
+    import torch
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = tensor.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+            key, size = id(tensor), tensor.numel() * tensor.element_size()
+        if key not in params and key not in seen:
+            seen.add(key)
+            state["block_saved_bytes"] += size
+        return tensor
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+    active: list[bool] = []
+
+    def enter(*_: Any) -> None:
+        if not active and state["block_saved_calls"] == 0 and torch.is_grad_enabled():
+            hooks.__enter__()
+            active.append(True)
+
+    def leave(*_: Any) -> None:
+        if active:
+            hooks.__exit__(None, None, None)
+            active.clear()
+            state["block_saved_calls"] = 1
+    block.register_forward_pre_hook(enter)
+    block.register_forward_hook(leave)
 
 
 def _wrap_step(engine: Any, state: dict[str, Any], path: str) -> None:
@@ -115,7 +151,8 @@ def _wrap_step(engine: Any, state: dict[str, Any], path: str) -> None:
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "forward_calls": 0, "block_calls": 0, "sdpa_calls": 0,
-                             "sdpa_dropout_p": 0.0, "step_s": [], "step_start": 0.0, "peak_memory_bytes": None,
+                             "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "step_s": [],
+                             "step_start": 0.0, "peak_memory_bytes": None,
                              "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1))}
     inspect = _inspect_module()
     blocks = inspect.find_blocks(engine.module)
