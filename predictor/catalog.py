@@ -20,7 +20,7 @@ from predictor.model import ModelSpec
 from predictor.units import GIB, GIGA, MICRO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware",
-           "model_from_hf_config", "nearest"]
+           "model_from_hf_config", "model_from_hf_dict", "nearest"]
 
 
 def data_dir() -> Path:
@@ -116,11 +116,17 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         cfg = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    name = str(cfg.get("_name_or_path") or Path(path).parent.name or cfg.get("model_type", ""))
+    return model_from_hf_dict(cfg, name, f"Hugging Face config.json at {path}")
+
+
+def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config's keys (config.json, or a live model's config.to_dict())."""
     model_type = str(cfg.get("model_type", ""))
     hidden = int(_hf(cfg, "hidden_size", "n_embd", "d_model", "dim"))
     heads = int(_hf(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads"))
     common: dict[str, Any] = dict(
-        name=str(cfg.get("_name_or_path") or Path(path).parent.name or model_type),
+        name=name,
         num_layers=int(_hf(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")),
         hidden_size=hidden, num_heads=heads,
         num_kv_heads=int(_hf(cfg, "num_key_value_heads", default=heads)),
@@ -129,7 +135,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         max_position_embeddings=int(_hf(cfg, "max_position_embeddings", "n_positions", "n_ctx", default=2048)),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
-        source=f"Hugging Face config.json at {path}",
+        source=source,
     )
     return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
 
