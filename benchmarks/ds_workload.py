@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     if CONFIG_FLAG not in args or args.index(CONFIG_FLAG) + 1 >= len(args):
         raise SystemExit(f"ds_workload: error: {CONFIG_FLAG} FILE_OR_BASE64 is required")
     at = args.index(CONFIG_FLAG) + 1
-    from calibrate import workload  # imports torch and deepspeed: only under the launcher
+    from zerotune.calibrate import workload  # imports torch and deepspeed: only under the launcher
     with tempfile.TemporaryDirectory(prefix="zt_dsconfig_") as folder:
         args[at] = str(config_argument_to_file(args[at], Path(folder)))
         workload.main(args)

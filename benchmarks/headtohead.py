@@ -29,8 +29,8 @@ from benchmarks.measure import Remeasured, ab_remeasure, config_name, grid_confi
 from benchmarks.report import TOOLS, JobResult, format_markdown, grid_best, grid_score, kept_user_zero, \
     metric_ratio, plot_timeline
 from benchmarks.tools import build_ops, run_tool
-from calibrate.measurement import Measurement
-from predictor import experiment_name, load_model
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import experiment_name, load_model
 
 __all__ = ["run_job", "grid_for", "summary_dict", "main"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from predictor.rank import Metric
+from zerotune.predictor.rank import Metric
 
 __all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "user_ds_config", "script_args", "grid_points",
            "job_by_name"]

@@ -5,7 +5,7 @@
 
 R is a `zerotune tune` results folder of the same script: its model_profiled.yaml (the model the profiling run
 read) and profile/measurement.jsonl (the profiling run's peak memory). Predicted: the largest micro-batch whose
-estimated peak per rank (predictor.estimate with the hardware's calibration profile: peak resident set size on the
+estimated peak per rank (zerotune.predictor.estimate with the hardware's calibration profile: peak resident set size on the
 CPU target) is at most the cap; "offset" adds the profiling run's measured minus predicted peak, the correction a
 single run can make. Measured: the script at each micro-batch of the ladder (ascending) with the profiling hook
 recording each rank's peak resident set size; the ladder stops at the first run that fails or passes the cap.
@@ -26,15 +26,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.launch import LaunchSpec, free_port, launch
-from calibrate.measurement import read_jsonl
-from calibrate.profile import default_profile_path, load_profile
-from predictor import DSConfig, estimate
-from predictor.units import GIB
-from validate.experiments import experiment_ds_config, read_ds_config, rewrite_args, split_user_command
-from validate.plan import build_job
-from validate.profiled import profiling_env, read_profiled
-from validate.tune import autotuning_of
+from zerotune.calibrate.launch import LaunchSpec, free_port, launch
+from zerotune.calibrate.measurement import read_jsonl
+from zerotune.calibrate.profiles import default_profile_path, load_profile
+from zerotune.predictor import DSConfig, estimate
+from zerotune.predictor.units import GIB
+from zerotune.validate.experiments import experiment_ds_config, read_ds_config, rewrite_args, split_user_command
+from zerotune.validate.plan import build_job
+from zerotune.validate.profiled import profiling_env, read_profiled
+from zerotune.validate.tune import autotuning_of
 
 __all__ = ["predicted_largest", "measure_ladder", "main"]
 

@@ -1,6 +1,6 @@
 """Independent re-measurements: the two tools' choices alternated A B A B, and the exhaustive grid.
 
-Every run is the same workload (benchmarks/ds_workload.py) launched fresh through calibrate.launch, with
+Every run is the same workload (benchmarks/ds_workload.py) launched fresh through zerotune.calibrate.launch, with
 autotuning switched off so the workload times its own steps (median after warm-up) to the end. Alternating
 the two configurations spreads slow phases of a shared machine over both instead of one.
 """
@@ -14,9 +14,9 @@ from typing import Any, Mapping
 
 from benchmarks.jobs import WORKLOAD, BenchJob, grid_points, script_args
 from benchmarks.tools import cpu_env
-from calibrate.launch import LaunchSpec, RunResult, free_port, launch
-from calibrate.measurement import Measurement, append_jsonl, read_jsonl
-from predictor import experiment_name, load_model, parse_ds_config
+from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch
+from zerotune.calibrate.measurement import Measurement, append_jsonl, read_jsonl
+from zerotune.predictor import experiment_name, load_model, parse_ds_config
 
 __all__ = ["Remeasured", "config_name", "measure_once", "ab_remeasure", "grid_configs", "measure_grid",
            "load_published_grid", "RUN_TIMEOUT_S"]

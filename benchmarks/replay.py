@@ -2,13 +2,13 @@
 
     python -m benchmarks.replay [--budget N] [--seed S] [--markdown FILE]
 
-Each comparable group of a measured data set is "the cluster" (the group key of validate.accuracy: same model,
+Each comparable group of a measured data set is "the cluster" (the group key of zerotune.validate.accuracy: same model,
 hardware, GPU count, sequence length, precision and global batch). The search space is the group's rows, and
 only them: a configuration that was not measured cannot be run, so it is not a candidate (the replay's
 Candidates are built from the rows; the space's generator is not used). Running an experiment returns its
-measured step time, or OOM / failure where that was recorded. The decisions are validate.search.run_search, the
-code `tune` runs; only the experiment is a look-up. Predictions come from predictor.estimate with the
-calibration profile `tune` would load for the hardware (validate.tune.load_profile_for).
+measured step time, or OOM / failure where that was recorded. The decisions are zerotune.validate.search.run_search, the
+code `tune` runs; only the experiment is a look-up. Predictions come from zerotune.predictor.estimate with the
+calibration profile `tune` would load for the hardware (zerotune.validate.tune.load_profile_for).
 
 Scored per data set: the share of groups whose choice (the measured best of the experiments run) is within 3% of
 the group's measured best, the mean choice / best, the mean and maximum experiments; then the same with a
@@ -17,7 +17,7 @@ predicted step time multiplied by a seeded factor log-uniform in [0.5, 2], and t
 or -15% (seeded sign).
 
 Adding a grid: a published JSONL file -> one entry in PUBLISHED; a zerotune measurement grid
-(data/measurements/*_grid_*.jsonl, calibrate.measurement records) is picked up by its name.
+(data/measurements/*_grid_*.jsonl, zerotune.calibrate.measurement records) is picked up by its name.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from calibrate.measurement import Status, read_jsonl
-from predictor import DSConfig, Job, estimate, experiment_name
-from predictor.catalog import data_dir
-from validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
-from validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
-from validate.plan import build_job
-from validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
-from validate.tune import DEFAULT_TOP_K, load_profile_for
+from zerotune.calibrate.measurement import Status, read_jsonl
+from zerotune.predictor import DSConfig, Job, estimate, experiment_name
+from zerotune.predictor.catalog import data_dir
+from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
+from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
+from zerotune.validate.plan import build_job
+from zerotune.validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
+from zerotune.validate.tune import DEFAULT_TOP_K, load_profile_for
 
 __all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "PUBLISHED", "data_sets",
            "published_groups", "measurement_groups", "replay_group", "replay", "format_table", "main",
@@ -134,7 +134,7 @@ def published_groups(path: Path) -> list[Group]:
 
 
 def measurement_groups(path: Path) -> list[Group]:
-    """A zerotune measurement grid (calibrate.measurement JSONL) grouped by job and global batch."""
+    """A zerotune measurement grid (zerotune.calibrate.measurement JSONL) grouped by job and global batch."""
     groups: dict[tuple, list[GridRow]] = {}
     for m in read_jsonl(path):
         job = build_job(m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)

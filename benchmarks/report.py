@@ -10,8 +10,8 @@ from typing import Any, Sequence
 from benchmarks.jobs import BenchJob
 from benchmarks.measure import Remeasured, config_name
 from benchmarks.tools import Tool, ToolRun
-from calibrate.measurement import Measurement
-from predictor import experiment_name
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import experiment_name
 
 __all__ = ["JobResult", "metric_ratio", "grid_best", "grid_score", "kept_user_zero", "format_markdown",
            "plot_timeline", "TOOLS"]

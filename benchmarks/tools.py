@@ -108,12 +108,12 @@ def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
 
 
 def _zerotune_prefix() -> list[str]:
-    """`zerotune tune` through the CLI when it has the verb, else through validate.tune's own two functions."""
-    from validate.cli import build_parser
+    """`zerotune tune` through the CLI when it has the verb, else through zerotune.validate.tune's own two functions."""
+    from zerotune.cli import build_parser
     verbs = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     if "tune" in verbs:
-        return [sys.executable, "-m", "validate.cli", "tune"]
-    shim = ("import argparse, sys; from validate.tune import add_tune_arguments, run_tune; "
+        return [sys.executable, "-m", "zerotune.cli", "tune"]
+    shim = ("import argparse, sys; from zerotune.validate.tune import add_tune_arguments, run_tune; "
             "p = argparse.ArgumentParser(prog='zerotune tune'); add_tune_arguments(p); "
             "sys.exit(run_tune(p.parse_args()))")
     return [sys.executable, "-c", shim]

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     import deepspeed
     import torch
 
-    from calibrate.workload import _init_partitioned, build_model
-    from predictor import ModelSpec
+    from zerotune.calibrate.workload import _init_partitioned, build_model
+    from zerotune.predictor import ModelSpec
     torch.set_num_threads(1)
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", args.port)):

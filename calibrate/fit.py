@@ -32,12 +32,12 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibrate.measurement import Measurement, to_record
-from calibrate.params import PARAMS, PARAMS_BY_NAME, check_params, from_internal, to_internal
-from calibrate.profile import CalibrationProfile, FitQuality, Uncertainty
-from predictor import ClusterSpec, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model, to_ds_config
-from predictor.memory import estimate_memory
-from predictor.step_time import estimate_time
+from zerotune.calibrate.measurement import Measurement, to_record
+from zerotune.calibrate.params import PARAMS, PARAMS_BY_NAME, check_params, from_internal, to_internal
+from zerotune.calibrate.profiles import CalibrationProfile, FitQuality, Uncertainty
+from zerotune.predictor import ClusterSpec, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model, to_ds_config
+from zerotune.predictor.memory import estimate_memory
+from zerotune.predictor.step_time import estimate_time
 
 __all__ = ["fit", "FitResult", "FitRow", "make_profile", "predicted_total_bytes", "collapse_duplicates",
            "MIN_CONFIGURATIONS"]
@@ -98,7 +98,7 @@ class _Case:
 
 
 def predicted_total_bytes(live_bytes: float, eff: Efficiency, hw: HardwareSpec) -> float:
-    """Mirrors predictor.memory.estimate_memory: live x (1 + allocator slack) + runtime reserve (a test
+    """Mirrors zerotune.predictor.memory.estimate_memory: live x (1 + allocator slack) + runtime reserve (a test
     checks the two agree); lets the fit move the memory parameters without re-running the model."""
     reserved = hw.runtime_reserved_bytes if eff.runtime_reserved_bytes is None else eff.runtime_reserved_bytes
     return live_bytes * (1 + eff.allocator_slack_fraction) + reserved

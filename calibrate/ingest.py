@@ -34,7 +34,7 @@ PATH is one of
 
     (1) may be left out (or empty) when the caller passes --model / --hardware / --seq_len.
     Booleans are true/false/1/0/yes/no. A bad row is a one-line error "file:line: column X ...; fix".
-  * a JSONL file of Measurement records (calibrate.measurement), recognised by their ds_config key.
+  * a JSONL file of Measurement records (zerotune.calibrate.measurement), recognised by their ds_config key.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from calibrate.measurement import Measurement, read_jsonl
-from predictor import DSConfig, load_hardware, load_model, parse_ds_config
-from predictor.catalog import nearest
+from zerotune.calibrate.measurement import Measurement, read_jsonl
+from zerotune.predictor import DSConfig, load_hardware, load_model, parse_ds_config
+from zerotune.predictor.catalog import nearest
 
 __all__ = ["read_measurements", "read_autotuning", "read_table", "TABLE_COLUMNS", "REQUIRED_COLUMNS"]
 

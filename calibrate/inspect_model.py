@@ -1,9 +1,9 @@
 """Read a transformer's architecture from its torch module: what `zerotune tune`'s profiling run learns about the
 user's model (calibrate/profiling_site/sitecustomize.py calls `describe` once DeepSpeed's engine exists).
 
-Returns plain data, the fields of predictor.model.ModelSpec plus what was read and what was assumed, so the
+Returns plain data, the fields of zerotune.predictor.model.ModelSpec plus what was read and what was assumed, so the
 tuner side never imports torch. A Hugging Face model's `config` is used directly when present (the same keys
-predictor.catalog reads from a config.json); otherwise the structure is read from the modules:
+zerotune.predictor.catalog reads from a config.json); otherwise the structure is read from the modules:
 
 - the token embedding is the nn.Embedding with the most rows (vocabulary x hidden); positions and token types
   are the other embeddings of the same width, told apart by name;

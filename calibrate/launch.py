@@ -96,7 +96,7 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class RunResult:
     status: Literal["ok", "oom", "timeout", "failed", "stopped"]
-    """The same vocabulary as calibrate.measurement.Status."""
+    """The same vocabulary as zerotune.calibrate.measurement.Status."""
     reason: str
     returncode: int | None
     """The launcher's exit status; None when it was killed on timeout or never started."""
@@ -196,7 +196,7 @@ def _prepare_run_dir(spec: LaunchSpec, cmd: list[str]) -> None:
     write_json_atomic(spec.run_dir / "ds_config.json", {**spec.ds_config, "autotuning": autotuning})
     env_lines = [f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
     _write_atomic(spec.run_dir / "cmd.txt", " ".join(env_lines + [shlex.join(cmd)]) + "\n")
-    from calibrate.environment import collect_environment
+    from zerotune.calibrate.environment import collect_environment
     write_json_atomic(spec.run_dir / "environment.json", collect_environment(query_device=False))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Literal, get_args
 
-from predictor import ClusterSpec, DSConfig, Job, load_hardware, load_model, parse_ds_config, to_ds_config
+from zerotune.predictor import ClusterSpec, DSConfig, Job, load_hardware, load_model, parse_ds_config, to_ds_config
 
 __all__ = ["Measurement", "Status", "to_record", "from_record", "append_jsonl", "read_jsonl"]
 

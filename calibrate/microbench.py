@@ -9,7 +9,7 @@ Collectives need N ranks, so everything runs under the DeepSpeed launcher as a s
 
     deepspeed --num_gpus 2 calibrate/microbench.py [--quick] --metrics_out out.json
 
-`run_microbenchmarks` does that through calibrate.launch. Rank 0 also times matmuls and copies while the
+`run_microbenchmarks` does that through zerotune.calibrate.launch. Rank 0 also times matmuls and copies while the
 other ranks wait, then writes one JSON document (the fitting code relies on its shape):
 
     {"device", "matmul": [{m, n, k, dtype, seconds, flops_per_s}],
@@ -19,7 +19,7 @@ other ranks wait, then writes one JSON document (the fitting code relies on its 
 Collective `bytes` and bus bandwidth follow nccl-tests (PERFORMANCE.md): bytes is the all_reduce buffer,
 the gathered output of all_gather and the input of reduce_scatter; bus bandwidth = bytes / seconds x
 2(n-1)/n for all_reduce and x (n-1)/n for the other two, comparable with a link's peak.
-This module imports torch and deepspeed only inside functions, so `import calibrate.microbench` works
+This module imports torch and deepspeed only inside functions, so `import zerotune.calibrate.microbench` works
 without them.
 """
 
@@ -208,7 +208,7 @@ def run_microbenchmarks(run_dir: Path, *, num_gpus: int | None = None, num_nodes
                         env: Mapping[str, str] | None = None, master_port: int | None = None) -> dict[str, Any]:
     """Launch this module on num_gpus ranks per node and return its JSON document. A run that fails raises
     RuntimeError with the launcher's reason (and run_dir keeps the logs)."""
-    from calibrate.launch import LaunchSpec, free_port, launch
+    from zerotune.calibrate.launch import LaunchSpec, free_port, launch
     spec = LaunchSpec(script=Path(__file__).resolve(), ds_config={}, run_dir=run_dir,
                       master_port=master_port or free_port(), timeout_s=timeout_s,
                       script_args=("--metrics_out", str(run_dir / "metrics.json"), *(("--quick",) if quick else ())),
@@ -227,12 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     import deepspeed
     import deepspeed.comm as dist
     from deepspeed.accelerator import get_accelerator
-    from calibrate.environment import collect_environment
-    from calibrate.launch import write_json_atomic
+    from zerotune.calibrate.environment import collect_environment
+    from zerotune.calibrate.launch import write_json_atomic
     p = argparse.ArgumentParser(description="zerotune microbenchmarks (run under the deepspeed launcher)")
     p.add_argument("--quick", action="store_true", help="a few sizes only (CI)")
     p.add_argument("--metrics_out", type=Path, required=True)
-    p.add_argument("--deepspeed_config", type=Path, help="accepted from calibrate.launch and ignored")
+    p.add_argument("--deepspeed_config", type=Path, help="accepted from zerotune.calibrate.launch and ignored")
     p.add_argument("--local_rank", type=int, default=-1)
     args = p.parse_args(argv)
     acc = get_accelerator()

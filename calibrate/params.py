@@ -1,12 +1,12 @@
 """The Efficiency parameters a calibration may fit: one declaration per parameter, in priority order.
 
-Each entry names a field of predictor.job.Efficiency, says what the measured configurations must vary for
+Each entry names a field of zerotune.predictor.job.Efficiency, says what the measured configurations must vary for
 the fit to tell it apart from the others (shown when it cannot), its physical bounds and how it is fitted.
 Adding or removing a fitted parameter is one line here; `check_params` fails with the field named when a
 declared name is not (or no longer) a field of Efficiency.
 
 Order is priority: when the measurements cannot separate every parameter (fewer distinct configurations than
-parameters, or two parameters that move every prediction alike), calibrate.fit keeps the earlier ones.
+parameters, or two parameters that move every prediction alike), zerotune.calibrate.fit keeps the earlier ones.
 The leading ones are those every step has (compute rate, fixed costs); the later ones need runs that
 exercise them (ZeRO-3, several nodes, offload, memory figures). The compute rate comes first per precision:
 runs in fp16 say how fp16 kernels run (tensor cores), not how fp32 ones do, so a calibration moves the scale
@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from predictor import Efficiency
+from zerotune.predictor import Efficiency
 
 __all__ = ["Param", "PARAMS", "PARAMS_BY_NAME", "check_params", "to_internal", "from_internal"]
 
@@ -30,7 +30,7 @@ __all__ = ["Param", "PARAMS", "PARAMS_BY_NAME", "check_params", "to_internal", "
 @dataclass(frozen=True)
 class Param:
     name: str
-    """A field of predictor.job.Efficiency."""
+    """A field of zerotune.predictor.job.Efficiency."""
     varied_by: str
     """What measurements the fit needs to inform this parameter, said when it cannot ("... needs <varied_by>")."""
     lower: float
@@ -79,7 +79,7 @@ def check_params(params: Sequence[Param] = PARAMS) -> None:
     for p in params:
         if p.name not in fields:
             raise ValueError(f"calibrate/params.py declares {p.name!r}, which is not a field of "
-                             f"predictor.job.Efficiency; fix or remove that line (fields: {', '.join(sorted(fields))})")
+                             f"zerotune.predictor.job.Efficiency; fix or remove that line (fields: {', '.join(sorted(fields))})")
         if not p.lower < p.upper or (p.transform == "log" and p.lower <= 0):
             raise ValueError(f"calibrate/params.py: {p.name} bounds [{p.lower}, {p.upper}] are not a "
                              f"{'positive ' if p.transform == 'log' else ''}interval")

@@ -7,7 +7,7 @@ and gathers), the middle micro-batch with gradient accumulation ACCUMULATION (pe
 costs: with accumulation 1 everywhere they are one number), the middle micro-batch at half the sequence
 length (a second problem shape at the same micro-batch), and a middle ZeRO stage. Only configurations the
 predictor says fit in memory and finish a step within `max_step_s` are considered. `run_probes` runs them
-one after another through calibrate.launch and calibrate/workload.py and returns one Measurement per probe;
+one after another through zerotune.calibrate.launch and calibrate/workload.py and returns one Measurement per probe;
 a probe that crashes, runs out of memory or times out is a Measurement with that status and its reason,
 never an exception.
 """
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from calibrate.launch import LaunchSpec, RunResult, free_port, launch
-from calibrate.measurement import Measurement
-from predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, load_model
-from predictor import to_ds_config
+from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, load_model
+from zerotune.predictor import to_ds_config
 
 __all__ = ["Probe", "select_probes", "run_probes", "probe_ds_config", "to_measurement", "WORKLOAD"]
 

@@ -1,6 +1,6 @@
 """Refit saved profiles from the measurements they carry, with the current model and parameter list.
 
-    python -m calibrate.refit data/profiles/h100-80gb.json [more profiles ...]
+    python -m zerotune.calibrate.refit data/profiles/h100-80gb.json [more profiles ...]
 
 A profile's fit depends on the predictor it was fitted against: when the model or calibrate/params.py changes,
 the shipped profiles are refitted from their own `fitted_on` measurements (nothing is re-measured), starting
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from calibrate.measurement import from_record
-from calibrate.run import Calibration, fit_and_save, format_fit, starting_efficiency
-from predictor import load_hardware
+from zerotune.calibrate.measurement import from_record
+from zerotune.calibrate.run import Calibration, fit_and_save, format_fit, starting_efficiency
+from zerotune.predictor import load_hardware
 
 __all__ = ["refit", "main"]
 
@@ -45,7 +45,7 @@ def refit(path: Path) -> Calibration:
 def main(argv: Sequence[str] | None = None) -> int:
     paths = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
     if not paths:
-        print("usage: python -m calibrate.refit PROFILE.json [...]", file=sys.stderr)
+        print("usage: python -m zerotune.calibrate.refit PROFILE.json [...]", file=sys.stderr)
         return 2
     try:
         for path in paths:

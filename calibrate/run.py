@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from calibrate.fit import FitResult, fit, make_profile
-from calibrate.measurement import Measurement, append_jsonl
-from calibrate.profile import CalibrationProfile, default_profile_path, save_profile
-from predictor import Efficiency
-from predictor.units import GIB
+from zerotune.calibrate.fit import FitResult, fit, make_profile
+from zerotune.calibrate.measurement import Measurement, append_jsonl
+from zerotune.calibrate.profiles import CalibrationProfile, default_profile_path, save_profile
+from zerotune.predictor import Efficiency
+from zerotune.predictor.units import GIB
 
 __all__ = ["Calibration", "Measured", "measure", "starting_efficiency", "fit_and_save", "format_fit", "plot_fit",
            "DEFAULT_PROBE_MODEL", "DEFAULT_PROBE_SEQ_LEN"]
@@ -34,10 +34,10 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
             model: str | None, seq_len: int | None, quick: bool, max_probes: int, timeout_s: float,
             progress: Callable[[str], None], run_root: Path | None = None) -> Measured:
     """Microbenchmarks, then at most `max_probes` real DeepSpeed probe runs, all through the launcher."""
-    from calibrate.environment import collect_environment
-    from calibrate.microbench import run_microbenchmarks
-    from calibrate.probe import run_probes
-    from predictor import ClusterSpec, Job, load_hardware, load_model
+    from zerotune.calibrate.environment import collect_environment
+    from zerotune.calibrate.microbench import run_microbenchmarks
+    from zerotune.calibrate.probe import run_probes
+    from zerotune.predictor import ClusterSpec, Job, load_hardware, load_model
     if max_probes > 6:
         raise ValueError(f"--max_probes {max_probes}: calibration uses at most 6 probe runs; pass 6 or fewer")
     hw = load_hardware(hardware)
@@ -64,7 +64,7 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
 def _probe_base(hw: Any) -> Any:
     """Probes train in the precision a user of this device would: bf16 or fp16 on accelerators; fp32 on the CPU,
     where bf16 runs 5-15x slower than fp32 and fp16 does not run."""
-    from predictor import DSConfig
+    from zerotune.predictor import DSConfig
     if hw.kind == "cpu" or not (hw.supports("bf16") or hw.supports("fp16")):
         return DSConfig(precision="fp32")
     return DSConfig(precision="bf16" if hw.supports("bf16") else "fp16")
@@ -72,8 +72,8 @@ def _probe_base(hw: Any) -> Any:
 
 def starting_efficiency(environment: dict[str, Any], hardware: str) -> Efficiency:
     """The fit starts from what the microbenchmarks say about this cluster, else from the defaults."""
-    from calibrate.starting import fit_microbenchmarks
-    from predictor import load_hardware
+    from zerotune.calibrate.starting import fit_microbenchmarks
+    from zerotune.predictor import load_hardware
     micro = environment.get("microbenchmarks")
     return fit_microbenchmarks(micro, load_hardware(hardware)) if micro else Efficiency()
 

@@ -1,4 +1,4 @@
-"""Starting values for calibrate.fit from microbenchmarks (calibrate.microbench's results dict).
+"""Starting values for zerotune.calibrate.fit from microbenchmarks (zerotune.calibrate.microbench's results dict).
 
 Matmuls give the GEMM efficiency scale, collectives each link's bandwidth efficiency and latency, measured memory
 bandwidth the optimizer's bytes per parameter. The fit then moves these where the probe runs say so.
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from calibrate.params import PARAMS_BY_NAME
-from predictor import Efficiency, HardwareSpec
-from predictor.ops import device_rates, gemm_s
+from zerotune.calibrate.params import PARAMS_BY_NAME
+from zerotune.predictor import Efficiency, HardwareSpec
+from zerotune.predictor.ops import device_rates, gemm_s
 
 __all__ = ["fit_microbenchmarks"]
 
@@ -45,7 +45,7 @@ def _clip(name: str, value: float) -> float:
 
 
 def _ring_steps(op: str, num_ranks: int) -> int:
-    """Ring steps of a collective, as predictor.step_time.collective_s counts them."""
+    """Ring steps of a collective, as zerotune.predictor.step_time.collective_s counts them."""
     return 2 * (num_ranks - 1) if op.replace("_", "").lower() == "allreduce" else num_ranks - 1
 
 
@@ -70,7 +70,7 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
 
 
 def fit_microbenchmarks(results: dict[str, Any], hardware: HardwareSpec, base: Efficiency = Efficiency()) -> Efficiency:
-    """Starting values for `fit` from microbenchmarks (calibrate.microbench's results dict).
+    """Starting values for `fit` from microbenchmarks (zerotune.calibrate.microbench's results dict).
 
     Matmuls give the GEMM efficiency scale (see _compute_curve); collectives give each link's bandwidth efficiency
     and latency; measured memory bandwidth rescales optimizer_bytes_per_param, because the predictor times

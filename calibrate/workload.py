@@ -41,9 +41,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from calibrate.launch import write_json_atomic  # noqa: E402
-from predictor import ModelSpec, load_model  # noqa: E402
-from predictor.flops import micro_batch_flops  # noqa: E402
+from zerotune.calibrate.launch import write_json_atomic  # noqa: E402
+from zerotune.predictor import ModelSpec, load_model  # noqa: E402
+from zerotune.predictor.flops import micro_batch_flops  # noqa: E402
 
 __all__ = ["GPT", "build_model", "parse_args", "main"]
 

@@ -10,7 +10,7 @@ only the tensors they change.
 
 from __future__ import annotations
 
-from predictor.model import ModelSpec
+from zerotune.predictor.model import ModelSpec
 
 __all__ = ["layer_activation_bytes", "checkpoint_bytes_per_layer", "logits_bytes", "embedding_activation_bytes"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from predictor.hardware import HardwareSpec
-from predictor.model import ModelSpec
-from predictor.units import GIB, GIGA, MICRO, TERA
+from zerotune.predictor.hardware import HardwareSpec
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.units import GIB, GIGA, MICRO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware",
            "model_from_hf_config", "model_from_hf_dict", "nearest"]

@@ -13,8 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from predictor.catalog import nearest
-from predictor.hardware import Precision
+from zerotune.predictor.catalog import nearest
+from zerotune.predictor.hardware import Precision
 
 __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing", "AutotuningConfig",
            "parse_ds_config", "to_ds_config", "resolve_batch", "experiment_name", "ZeroStage", "OffloadDevice",

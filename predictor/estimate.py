@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from predictor.dsconfig import DSConfig
-from predictor.job import Efficiency, Job
-from predictor.memory import MemoryEstimate, estimate_memory
-from predictor.simulate import simulated_time
-from predictor.step_time import TimeEstimate
+from zerotune.predictor.dsconfig import DSConfig
+from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.memory import MemoryEstimate, estimate_memory
+from zerotune.predictor.simulate import simulated_time
+from zerotune.predictor.step_time import TimeEstimate
 
 __all__ = ["Estimate", "estimate"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from predictor.model import ModelSpec
+from zerotune.predictor.model import ModelSpec
 
 __all__ = ["MicroBatchFlops", "micro_batch_flops", "layer_forward_flops", "logits_forward_flops"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from predictor.hardware import ClusterSpec
-from predictor.model import ModelSpec
+from zerotune.predictor.hardware import ClusterSpec
+from zerotune.predictor.model import ModelSpec
 
 __all__ = ["Job", "Efficiency"]
 
@@ -37,7 +37,7 @@ class Efficiency:
     gemm_efficiency_scale: float = 0.7
     """GEMM throughput relative to the hardware catalog's achievable matmul FLOP/s (MAMF: the best over a shape
     sweep); the shape curve (tile and wave quantization, roofline) is ops.py's. Uncalibrated default 0.7, chosen
-    on the fit half of the published data (validate.accuracy --half fit: BLOOM and llm-foundry A100/H100 rows
+    on the fit half of the published data (zerotune.validate.accuracy --half fit: BLOOM and llm-foundry A100/H100 rows
     are closest at 0.7); plain torch.matmul on an H100 reached 0.83-0.86 of MAMF at 2048-4096 (h100 profile)."""
     memory_bandwidth_efficiency: float = 1.0
     """Memory-bound kernels' bandwidth relative to the catalog's achievable (copy) bandwidth. 1 uncalibrated."""
@@ -49,7 +49,7 @@ class Efficiency:
     TF32, PyTorch leaves TF32 off for matmuls), where cuBLAS reaches the catalog's fp32 figure at ordinary shapes
     (it is measured there: H100 51 TFLOPS at 2048-4096 in the h100 profile, V100 ~12), so the tensor-core
     discount of gemm_efficiency_scale is cancelled. On the fit half, bert-base-cased fp32 on 16 V100 goes from
-    0.58-0.69 to 0.80-0.95 of its measured throughput (validate.accuracy --half fit)."""
+    0.58-0.69 to 0.80-0.95 of its measured throughput (zerotune.validate.accuracy --half fit)."""
     fp16_compute_scale: float = 1.0
     bf16_compute_scale: float = 1.0
     intra_node_bandwidth_efficiency: float = 0.75

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from predictor.activations import (checkpoint_bytes_per_layer, embedding_activation_bytes, layer_activation_bytes,
+from zerotune.predictor.activations import (checkpoint_bytes_per_layer, embedding_activation_bytes, layer_activation_bytes,
                                    logits_bytes)
-from predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
-from predictor.job import Efficiency, Job
-from predictor.model import ModelSpec
-from predictor.zero_mechanics import (STAGE0_ALLREDUCE_BUCKET_ELEMS, grad_bytes_per_param,
+from zerotune.predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
+from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.zero_mechanics import (STAGE0_ALLREDUCE_BUCKET_ELEMS, grad_bytes_per_param,
                                       transient_fp32_grad_bytes_per_param, zero3_working_set_elems)
 
 __all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "memory_columns", "model_states", "state_bytes", "TERMS", "PHASES",

@@ -79,7 +79,7 @@ class ModelSpec:
     conv_kernel_size: int = 0
     """DeBERTa-v2 convolution beside the first block (kernel * hidden * hidden weights)."""
     activation_scale: float = 1.0
-    """Bytes a block keeps for backward, measured over predictor.activations' formula: 1 for the implementations
+    """Bytes a block keeps for backward, measured over zerotune.predictor.activations' formula: 1 for the implementations
     the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
     the first block, validate/profiled.py)."""
     published_num_params: int = 0

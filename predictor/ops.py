@@ -31,11 +31,11 @@ from typing import Union
 
 import numpy as np
 
-from predictor.flops import BACKWARD_PER_FORWARD
-from predictor.hardware import HardwareSpec
-from predictor.job import Efficiency
-from predictor.memory import DTYPE_BYTES
-from predictor.model import ModelSpec
+from zerotune.predictor.flops import BACKWARD_PER_FORWARD
+from zerotune.predictor.hardware import HardwareSpec
+from zerotune.predictor.job import Efficiency
+from zerotune.predictor.memory import DTYPE_BYTES
+from zerotune.predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "PhaseTimes", "layer_times", "outer_times",
            "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES"]

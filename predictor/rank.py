@@ -13,12 +13,12 @@ from typing import Literal
 
 import numpy as np
 
-from predictor.dsconfig import DSConfig
-from predictor.estimate import Estimate, estimate
-from predictor.job import Efficiency, Job
-from predictor.memory import memory_columns
-from predictor.space import SearchSpace
-from predictor.step_time import step_time_columns
+from zerotune.predictor.dsconfig import DSConfig
+from zerotune.predictor.estimate import Estimate, estimate
+from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.memory import memory_columns
+from zerotune.predictor.space import SearchSpace
+from zerotune.predictor.step_time import step_time_columns
 
 __all__ = ["Metric", "Uncertainty", "SpaceTable", "Ranked", "Ranking", "evaluate_space", "rank", "metric_value",
            "MAXIMISED"]
@@ -33,7 +33,7 @@ class Uncertainty:
 
     step_time_rel: float = 0.3
     """Uncalibrated default: the analytical model against published end-to-end measurements is off by tens of
-    percent (see `python -m validate.accuracy`); predictions of one cluster err together, so the band is wide
+    percent (see `python -m zerotune.validate.accuracy`); predictions of one cluster err together, so the band is wide
     for absolute figures and conservative for comparisons."""
     memory_rel: float = 0.1
     """Uncalibrated default: the memory model against DeepSpeed's own estimators and Korthikanti et al.'s

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from predictor.dsconfig import DSConfig
-from predictor.job import Efficiency, Job
-from predictor.memory import DTYPE_BYTES
-from predictor.step_time import (Collective, CollectiveKind, TimeEstimate, collective_s, data_parallel_link,
+from zerotune.predictor.dsconfig import DSConfig
+from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.memory import DTYPE_BYTES
+from zerotune.predictor.step_time import (Collective, CollectiveKind, TimeEstimate, collective_s, data_parallel_link,
                                  estimate_time, last_micro_step_exposed, stage_parts)
-from predictor.zero_mechanics import grad_reduction, zero3_trace
+from zerotune.predictor.zero_mechanics import grad_reduction, zero3_trace
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step", "simulated_time"]
 

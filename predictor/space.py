@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
+from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
 
 __all__ = ["SearchSpace", "space_from_ds_config", "DEFAULT_STAGE_KNOBS", "EXPLORABLE"]
 

@@ -23,13 +23,13 @@ from typing import Literal, Union
 
 import numpy as np
 
-from predictor.dsconfig import DSConfig
-from predictor.flops import micro_batch_flops
-from predictor.job import Efficiency, Job
-from predictor.memory import DTYPE_BYTES
-from predictor.model import ModelSpec
-from predictor.ops import DeviceRates, device_rates, layer_times, outer_times
-from predictor.zero_mechanics import grad_reduction, runtime_overhead_s, wrapper_bytes_per_param, zero3_trace
+from zerotune.predictor.dsconfig import DSConfig
+from zerotune.predictor.flops import micro_batch_flops
+from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.memory import DTYPE_BYTES
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
+from zerotune.predictor.zero_mechanics import grad_reduction, runtime_overhead_s, wrapper_bytes_per_param, zero3_trace
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",

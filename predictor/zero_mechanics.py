@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from predictor.dsconfig import DSConfig
-from predictor.job import Efficiency
-from predictor.model import ModelSpec, Tensor
+from zerotune.predictor.dsconfig import DSConfig
+from zerotune.predictor.job import Efficiency
+from zerotune.predictor.model import ModelSpec, Tensor
 
 __all__ = ["OptimizerWrapper", "ReduceKind", "Zero3Trace", "GradReduction", "optimizer_wrapper", "zero3_trace",
            "grad_reduction", "grad_bytes_per_param", "transient_fp32_grad_bytes_per_param", "wrapper_bytes_per_param",

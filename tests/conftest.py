@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from predictor import ClusterSpec, Job, load_hardware, load_model
+from zerotune.predictor import ClusterSpec, Job, load_hardware, load_model
 
 
 def make_job(model: str = "gpt2", hardware: str = "v100-32gb", num_nodes: int = 1, num_gpus: int = 8,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from predictor import estimate
-from predictor.flops import micro_batch_flops
-from validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, DataSetScore, Skip, format_markdown, main,
+from zerotune.predictor import estimate
+from zerotune.predictor.flops import micro_batch_flops
+from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, DataSetScore, Skip, format_markdown, main,
                                model_half, rank_groups, read_rows, row_case, score_dir, score_rows,
                                split_rows)
 
@@ -228,7 +228,7 @@ def test_cli_prints_and_writes_the_table(tmp_path: Path, capsys) -> None:
 
 
 def test_accuracy_module_imports_no_torch() -> None:
-    code = "import sys, validate.accuracy; sys.exit('torch' in sys.modules)"
+    code = "import sys, zerotune.validate.accuracy; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
 
 

@@ -6,8 +6,8 @@ the benchmark executes once, as a check that it still works.
 
 from __future__ import annotations
 
-from predictor.rank import rank
-from predictor.space import space_from_ds_config
+from zerotune.predictor.rank import rank
+from zerotune.predictor.space import space_from_ds_config
 from tests.conftest import make_job
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.profile import load_profile
+from zerotune.calibrate.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "tests" / "fixtures" / "tiny-gpt.yaml")
 
 
 def zerotune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "validate.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "zerotune.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
 
 
@@ -63,8 +63,8 @@ def test_calibrate_mistakes_are_one_line(tmp_path: Path, args: list[str], needle
 
 
 def test_refit_rebuilds_a_profile_whose_efficiency_names_a_dropped_field(tmp_path: Path) -> None:
-    """After a model change the shipped profiles are refitted from their own measurements (calibrate.refit)."""
-    from calibrate.refit import main as refit
+    """After a model change the shipped profiles are refitted from their own measurements (zerotune.calibrate.refit)."""
+    from zerotune.calibrate.refit import main as refit
     path = tmp_path / "cpu.json"
     doc = json.loads((REPO / "data" / "profiles" / "cpu.json").read_text())
     doc["efficiency"]["compute_curve_of_an_old_model"] = 0.5  # a field no longer in Efficiency

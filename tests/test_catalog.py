@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from predictor.catalog import data_dir, list_hardware, list_models, load_hardware, load_model
+from zerotune.predictor.catalog import data_dir, list_hardware, list_models, load_hardware, load_model
 
 REQUIRED_HARDWARE = {"v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "gaudi", "gaudi2",
                      "cpu"}

@@ -15,7 +15,7 @@ EXAMPLE = ["--model", "gpt2-large", "--hardware", "v100-32gb", "--num_gpus", "16
 
 
 def zerotune(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "validate.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "zerotune.cli", *args], capture_output=True, text=True)
 
 
 def test_predict_prints_breakdown_and_verdict() -> None:

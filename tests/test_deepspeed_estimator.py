@@ -19,10 +19,10 @@ import re
 
 import pytest
 
-from predictor import DSConfig, ZeroConfig, estimate_memory
-from predictor.dsconfig import OffloadConfig
-from predictor.memory import model_states
-from predictor.zero_mechanics import zero3_working_set_elems
+from zerotune.predictor import DSConfig, ZeroConfig, estimate_memory
+from zerotune.predictor.dsconfig import OffloadConfig
+from zerotune.predictor.memory import model_states
+from zerotune.predictor.zero_mechanics import zero3_working_set_elems
 from tests.conftest import make_job
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")

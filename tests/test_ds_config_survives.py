@@ -10,11 +10,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from calibrate.launch import LaunchSpec, RunResult
-from predictor import parse_ds_config, to_ds_config
-from predictor.dsconfig import REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
-from validate.experiments import UserCommand
-from validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
+from zerotune.calibrate.launch import LaunchSpec, RunResult
+from zerotune.predictor import parse_ds_config, to_ds_config
+from zerotune.predictor.dsconfig import REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
+from zerotune.validate.experiments import UserCommand
+from zerotune.validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
 
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
 WORLD = 2

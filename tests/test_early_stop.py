@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.launch import LaunchSpec, RunResult, free_port, launch, step_times_s
-from calibrate.measurement import read_jsonl
-from predictor import experiment_name, parse_ds_config
-from validate.experiments import UserCommand
-from predictor.dsconfig import AutotuningConfig
-from validate.results import ExperimentResult, Prediction
-from validate.tune import BUILTIN_SCRIPT, EARLY_STOP_MARGIN, TuneSettings, stop_rule_for, tune
+from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch, step_times_s
+from zerotune.calibrate.measurement import read_jsonl
+from zerotune.predictor import experiment_name, parse_ds_config
+from zerotune.validate.experiments import UserCommand
+from zerotune.predictor.dsconfig import AutotuningConfig
+from zerotune.validate.results import ExperimentResult, Prediction
+from zerotune.validate.tune import BUILTIN_SCRIPT, EARLY_STOP_MARGIN, TuneSettings, stop_rule_for, tune
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY = str(FIXTURES / "tiny-gpt.yaml")

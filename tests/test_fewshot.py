@@ -1,4 +1,4 @@
-"""validate.fewshot: calibrating on a few rows of one model through `calibrate --from` transfers to the others."""
+"""zerotune.validate.fewshot: calibrating on a few rows of one model through `calibrate --from` transfers to the others."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from predictor import DSConfig, Efficiency, estimate
+from zerotune.predictor import DSConfig, Efficiency, estimate
 from tests.conftest import make_job
-from validate.fewshot import fewshot, main
+from zerotune.validate.fewshot import fewshot, main
 
 PLANTED = Efficiency(fp16_compute_scale=0.5)
 """The cluster runs fp16 kernels at half the rate the uncalibrated model assumes."""

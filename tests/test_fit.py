@@ -1,4 +1,4 @@
-"""calibrate.fit: parameters planted in synthetic measurements come back; fits never make things worse."""
+"""zerotune.calibrate.fit: parameters planted in synthetic measurements come back; fits never make things worse."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from calibrate.fit import MIN_CONFIGURATIONS, collapse_duplicates, fit, predicted_total_bytes
-from calibrate.measurement import Measurement
-from calibrate.params import PARAMS, Param, check_params
-from calibrate.starting import fit_microbenchmarks
-from predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
-from predictor.memory import estimate_memory
-from predictor.ops import device_rates, gemm_s
+from zerotune.calibrate.fit import MIN_CONFIGURATIONS, collapse_duplicates, fit, predicted_total_bytes
+from zerotune.calibrate.measurement import Measurement
+from zerotune.calibrate.params import PARAMS, Param, check_params
+from zerotune.calibrate.starting import fit_microbenchmarks
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
+from zerotune.predictor.memory import estimate_memory
+from zerotune.predictor.ops import device_rates, gemm_s
 
 GIB = 2**30
 
@@ -250,7 +250,7 @@ def test_every_declared_parameter_is_an_efficiency_field_and_a_wrong_one_is_name
     check_params()  # the shipped declaration
     assert len({p.name for p in PARAMS}) == len(PARAMS)
     with pytest.raises(ValueError, match="declares 'gemm_efficiency', which is not a field of "
-                                         "predictor.job.Efficiency; fix or remove that line"):
+                                         "zerotune.predictor.job.Efficiency; fix or remove that line"):
         check_params([*PARAMS, Param("gemm_efficiency", "matmul shapes", 0.1, 1.0, "log")])
 
 

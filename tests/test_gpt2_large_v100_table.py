@@ -3,17 +3,17 @@
 Autotuner metric (samples/s), best experiment per stage (github microsoft/DeepSpeedExamples@83757d9c,
 training/autotuning/hf/gpt2-large/README.md; also data/measurements/published/ds_autotuning_hf_v100.jsonl):
 ZeRO-1 micro-batch 3: 87.3 > ZeRO-2 micro-batch 3: 77.8 > ZeRO-0 micro-batch 2: 59.0; ZeRO-3 did not run.
-GPT-2 large is in the test half of that data set (validate.accuracy.model_half): no default was chosen on it.
+GPT-2 large is in the test half of that data set (zerotune.validate.accuracy.model_half): no default was chosen on it.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from predictor import DSConfig, estimate
-from predictor.dsconfig import ZeroConfig
-from predictor.rank import rank
-from predictor.space import space_from_ds_config
+from zerotune.predictor import DSConfig, estimate
+from zerotune.predictor.dsconfig import ZeroConfig
+from zerotune.predictor.rank import rank
+from zerotune.predictor.space import space_from_ds_config
 from tests.conftest import make_job
 
 MEASURED = {1: (3, 87.3017), 2: (3, 77.8338), 0: (2, 59.0229)}

@@ -15,9 +15,9 @@ from benchmarks.jobs import JOBS, QUICK_JOB, grid_points, script_args, user_ds_c
 from benchmarks.measure import Remeasured, config_name, grid_configs
 from benchmarks.report import JobResult, format_markdown, grid_best, grid_score, kept_user_zero, metric_ratio
 from benchmarks.tools import ToolRun, cpu_env, read_experiments
-from calibrate.measurement import Measurement
-from predictor import parse_ds_config
-from validate.tune import DEFAULT_TOP_K
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import parse_ds_config
+from zerotune.validate.tune import DEFAULT_TOP_K
 
 
 def test_base64_config_from_deepspeeds_autotuner_becomes_a_file(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ def test_package_resolves_to_this_repository(package: str) -> None:
 
 def test_predictor_imports_without_torch_or_deepspeed() -> None:
     # `predict` must run on a laptop: importing the predictor and the CLI pulls in no heavy package.
-    code = ("import sys, predictor, validate.cli; "
+    code = ("import sys, predictor, zerotune.cli; "
             "heavy = [m for m in ('torch', 'deepspeed', 'xgboost', 'lightgbm') if m in sys.modules]; "
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

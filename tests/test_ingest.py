@@ -1,4 +1,4 @@
-"""calibrate.ingest: DeepSpeed autotuning folders and user tables become the Measurements they describe."""
+"""zerotune.calibrate.ingest: DeepSpeed autotuning folders and user tables become the Measurements they describe."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.ingest import TABLE_COLUMNS, read_measurements
-from calibrate.measurement import append_jsonl
+from zerotune.calibrate.ingest import TABLE_COLUMNS, read_measurements
+from zerotune.calibrate.measurement import append_jsonl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AUTOTUNING = FIXTURES / "ds_autotuning_results"

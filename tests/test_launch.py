@@ -1,4 +1,4 @@
-"""calibrate.launch: the real `deepspeed` launcher on the CPU accelerator with 2 ranks, and how runs end."""
+"""zerotune.calibrate.launch: the real `deepspeed` launcher on the CPU accelerator with 2 ranks, and how runs end."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor import load_model
-from calibrate.launch import LaunchSpec, classify, deepspeed_command, failure_reason, free_port, launch
+from zerotune.predictor import load_model
+from zerotune.calibrate.launch import LaunchSpec, classify, deepspeed_command, failure_reason, free_port, launch
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -114,7 +114,7 @@ def test_allocation_past_the_memory_cap_is_oom(tmp_path: Path) -> None:
 
 
 def test_launch_refuses_multi_node_without_pdsh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import calibrate.launch as launch_module
+    import zerotune.calibrate.launch as launch_module
     real_which = launch_module.shutil.which
     monkeypatch.setattr(launch_module.shutil, "which", lambda name: None if name == "pdsh" else real_which(name))
     with pytest.raises(RuntimeError, match="pdsh"):
@@ -124,7 +124,7 @@ def test_launch_refuses_multi_node_without_pdsh(tmp_path: Path, monkeypatch: pyt
 
 def test_release_shm_buffers_removes_only_the_runs_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """DeepSpeed's CPU shm all-reduce leaves ~69 MB per rank in RAM-backed /dev/shm; launch removes its run's."""
-    import calibrate.launch as launch_module
+    import zerotune.calibrate.launch as launch_module
     monkeypatch.setattr(launch_module, "SHM_DIR", tmp_path)
     for name in ("deepspeed_allreduce_buffer_0_127.0.0.1_4242_0", "deepspeed_allreduce_buffer_0_127.0.0.1_4242_1",
                  "deepspeed_allreduce_buffer_0_127.0.0.1_4243_0", "other_4242_0"):

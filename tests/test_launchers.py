@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.launch import LaunchSpec, deepspeed_command, launch
-from validate.experiments import filtered_resources
-from validate.tune import LAUNCHERS, _launch_spec, add_tune_arguments, settings_from_args
+from zerotune.calibrate.launch import LaunchSpec, deepspeed_command, launch
+from zerotune.validate.experiments import filtered_resources
+from zerotune.validate.tune import LAUNCHERS, _launch_spec, add_tune_arguments, settings_from_args
 
 
 def _settings(tmp_path: Path, *flags: str):  # type: ignore[no-untyped-def]
@@ -84,7 +84,7 @@ def test_pdsh_is_needed_only_by_the_pdsh_backend(tmp_path: Path, monkeypatch: py
     hostfile = tmp_path / "hostfile"
     spec = LaunchSpec(Path("train.py"), {}, tmp_path / "run", 29500, 10.0, hostfile=hostfile, launcher="openmpi")
     started: list[list[str]] = []
-    monkeypatch.setattr("calibrate.launch._start", lambda s, cmd: started.append(cmd) or (_ for _ in ()).throw(
+    monkeypatch.setattr("zerotune.calibrate.launch._start", lambda s, cmd: started.append(cmd) or (_ for _ in ()).throw(
         OSError("not started in this test")))
     with pytest.raises(OSError, match="not started"):
         launch(spec)  # openmpi: no pdsh check, the launcher is started

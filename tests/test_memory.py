@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from predictor import DSConfig, ZeroConfig, estimate_memory
-from predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
-from predictor.dsconfig import ActivationCheckpointing, OffloadConfig
-from predictor.memory import TERMS, state_bytes
-from predictor.model import ModelSpec
-from predictor.units import GB, GIB
+from zerotune.predictor import DSConfig, ZeroConfig, estimate_memory
+from zerotune.predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
+from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
+from zerotune.predictor.memory import TERMS, state_bytes
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.units import GB, GIB
 from tests.conftest import make_job
 
 
@@ -122,8 +122,8 @@ def test_flash_attention_keeps_no_scores():
     Korthikanti's 5as^2b bytes per block (16-bit, dropout) become 4ab s."""
     import dataclasses
 
-    from predictor.activations import layer_activation_bytes
-    from predictor import load_model
+    from zerotune.predictor.activations import layer_activation_bytes
+    from zerotune.predictor import load_model
     eager = load_model("gpt2")
     flash = dataclasses.replace(eager, attention="flash")
     b, s, a = 2, 1024, eager.num_heads

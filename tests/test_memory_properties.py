@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predictor import DSConfig, ZeroConfig, estimate_memory, list_models
-from predictor.dsconfig import ActivationCheckpointing, OffloadConfig
-from predictor.memory import model_states
+from zerotune.predictor import DSConfig, ZeroConfig, estimate_memory, list_models
+from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
+from zerotune.predictor.memory import model_states
 from tests.conftest import make_job
 
 jobs = st.builds(make_job, model=st.sampled_from(list_models()), hardware=st.just("a100-80gb"),

@@ -1,4 +1,4 @@
-"""calibrate.microbench: the document shape the fitting code reads, nccl-tests' bus bandwidth, a real quick run."""
+"""zerotune.calibrate.microbench: the document shape the fitting code reads, nccl-tests' bus bandwidth, a real quick run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.microbench import bus_bandwidth_bytes_per_s, collective_sizes_bytes, matmul_shapes
+from zerotune.calibrate.microbench import bus_bandwidth_bytes_per_s, collective_sizes_bytes, matmul_shapes
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
@@ -27,14 +27,14 @@ def test_quick_mode_is_a_subset_of_few_sizes() -> None:
 
 
 def test_importing_microbench_pulls_in_no_torch() -> None:
-    code = "import sys, calibrate.microbench, calibrate.launch, calibrate.probe; print('torch' in sys.modules)"
+    code = "import sys, zerotune.calibrate.microbench, zerotune.calibrate.launch, zerotune.calibrate.probe; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"
 
 
 @pytest.mark.deepspeed
 def test_quick_run_on_two_cpu_ranks(tmp_path: Path) -> None:
-    from calibrate.microbench import run_microbenchmarks
+    from zerotune.calibrate.microbench import run_microbenchmarks
     doc = run_microbenchmarks(tmp_path / "mb", num_gpus=2, quick=True, env=CPU_ENV, timeout_s=300)
     assert doc["device"] == "cpu"
     assert {r["dtype"] for r in doc["matmul"]} >= {"fp32", "bf16"}

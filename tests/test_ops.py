@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor import DSConfig
-from predictor.catalog import data_dir, list_hardware, load_hardware, load_model
-from predictor.dsconfig import ActivationCheckpointing
-from predictor.flops import micro_batch_flops
-from predictor.job import Efficiency
-from predictor.ops import device_rates, gemm_s, layer_times, outer_times
-from predictor.step_time import compute_times
+from zerotune.predictor import DSConfig
+from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, load_model
+from zerotune.predictor.dsconfig import ActivationCheckpointing
+from zerotune.predictor.flops import micro_batch_flops
+from zerotune.predictor.job import Efficiency
+from zerotune.predictor.ops import device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
 

@@ -1,4 +1,4 @@
-"""calibrate.probe: which configurations are probed, and probe runs as Measurements (failures included)."""
+"""zerotune.calibrate.probe: which configurations are probed, and probe runs as Measurements (failures included)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from calibrate import probe as probe_module
-from calibrate.launch import RunResult
-from calibrate.measurement import read_jsonl, append_jsonl
-from calibrate.probe import Probe, probe_ds_config, run_probes, select_probes
-from predictor import DSConfig, Efficiency, estimate, parse_ds_config
+from zerotune.calibrate import probe as probe_module
+from zerotune.calibrate.launch import RunResult
+from zerotune.calibrate.measurement import read_jsonl, append_jsonl
+from zerotune.calibrate.probe import Probe, probe_ds_config, run_probes, select_probes
+from zerotune.predictor import DSConfig, Efficiency, estimate, parse_ds_config
 from tests.conftest import make_job
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -1,4 +1,4 @@
-"""calibrate.profile: a profile survives save/load unchanged; a damaged or misspelled one is refused by name."""
+"""zerotune.calibrate.profiles: a profile survives save/load unchanged; a damaged or misspelled one is refused by name."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.fit import fit, make_profile
-from calibrate.measurement import Measurement
-from calibrate.profile import (CalibrationProfile, default_profile_path, load_profile, profile_measurements,
+from zerotune.calibrate.fit import fit, make_profile
+from zerotune.calibrate.measurement import Measurement
+from zerotune.calibrate.profiles import (CalibrationProfile, default_profile_path, load_profile, profile_measurements,
                                save_profile)
-from predictor import DSConfig, Efficiency, estimate
+from zerotune.predictor import DSConfig, Efficiency, estimate
 from tests.conftest import make_job
 
 

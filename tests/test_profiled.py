@@ -1,5 +1,5 @@
-"""The profiling run reads the user's model: calibrate.inspect_model on the fixture scripts' modules, the files the
-profiling hook writes turned into model_profiled.yaml and a measurement (validate.profiled), and the one-line
+"""The profiling run reads the user's model: zerotune.calibrate.inspect_model on the fixture scripts' modules, the files the
+profiling hook writes turned into model_profiled.yaml and a measurement (zerotune.validate.profiled), and the one-line
 error for a model whose structure cannot be read."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from predictor import load_model
-from validate.profiled import PROFILING_SITE, model_yaml, profiling_env, read_profiled
+from zerotune.predictor import load_model
+from zerotune.validate.profiled import PROFILING_SITE, model_yaml, profiling_env, read_profiled
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
-from calibrate.inspect_model import describe  # noqa: E402
+from zerotune.calibrate.inspect_model import describe  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts"
 
@@ -149,7 +149,7 @@ def test_hugging_face_masked_lm_keeps_its_head_from_the_modules(tmp_path: Path) 
 def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_path: Path) -> None:
     """The profiling hook counts what autograd saves in the first block (saved-tensor hooks); the model's
     activation_scale then makes the formula give exactly that for the script's own code."""
-    from predictor.activations import layer_activation_bytes
+    from zerotune.predictor.activations import layer_activation_bytes
     spec = importlib.util.spec_from_file_location("zt_site_test", PROFILING_SITE / "sitecustomize.py")
     site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(site)  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from predictor.catalog import data_dir, list_hardware
+from zerotune.predictor.catalog import data_dir, list_hardware
 
 FILES = sorted((data_dir() / "measurements" / "published").glob("*.jsonl"))
 KEYS = {"source", "value_quality", "model", "hardware", "num_gpus_total", "num_gpus_per_node", "parallel", "batch",

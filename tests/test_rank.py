@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor import estimate, estimate_time
-from predictor.rank import Uncertainty, evaluate_space, rank
-from predictor.space import space_from_ds_config
+from zerotune.predictor import estimate, estimate_time
+from zerotune.predictor.rank import Uncertainty, evaluate_space, rank
+from zerotune.predictor.space import space_from_ds_config
 from tests.conftest import make_job
 
 FP16 = {"fp16": {"enabled": True}}

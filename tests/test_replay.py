@@ -1,5 +1,5 @@
 """benchmarks.replay: the tuner's search played against a measured grid, the decisions made by the same code
-`tune` runs (validate.search.run_search), so a replay and a tune on a launcher answering from the grid run the
+`tune` runs (zerotune.validate.search.run_search), so a replay and a tune on a launcher answering from the grid run the
 same experiments in the same order."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.replay import Group, GridRow, replay, replay_group, wrong_model
-from calibrate.launch import LaunchSpec, RunResult
-from predictor import estimate, experiment_name, parse_ds_config
-from validate.experiments import UserCommand
-from validate.plan import build_job
-from validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
+from zerotune.calibrate.launch import LaunchSpec, RunResult
+from zerotune.predictor import estimate, experiment_name, parse_ds_config
+from zerotune.validate.experiments import UserCommand
+from zerotune.validate.plan import build_job
+from zerotune.validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
 
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
 WORLD, SEQ_LEN = 2, 32

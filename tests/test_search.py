@@ -1,4 +1,4 @@
-"""validate.search: a measurement corrects its own family most, the families sharing a factor with it partly and
+"""zerotune.validate.search: a measurement corrects its own family most, the families sharing a factor with it partly and
 the rest through the shared part; the memory limit moves on OOM and on fits; given measurements correct the
 predictions but are not experiments."""
 
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from predictor.rank import Uncertainty
-from validate.search import (BAND_Z, Candidates, Choice, Observation, choose, fit_probability, memory_bounds,
+from zerotune.predictor.rank import Uncertainty
+from zerotune.validate.search import (BAND_Z, Candidates, Choice, Observation, choose, fit_probability, memory_bounds,
                              posterior, run_search)
 
 U = Uncertainty(step_time_rel=0.3, memory_rel=0.1)

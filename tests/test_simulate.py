@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from predictor import DSConfig, ZeroConfig
-from predictor.simulate import simulate_micro_step
-from predictor.step_time import last_micro_step_exposed
+from zerotune.predictor import DSConfig, ZeroConfig
+from zerotune.predictor.simulate import simulate_micro_step
+from zerotune.predictor.step_time import last_micro_step_exposed
 from tests.conftest import make_job
 
 JOBS = [("gpt2", "a100-80gb", 1, 8), ("gpt2-large", "v100-32gb", 1, 16), ("bert-large", "v100-16gb", 2, 8),
@@ -50,7 +50,7 @@ def test_without_overlap_the_whole_reduction_is_exposed() -> None:
 def test_a_single_prediction_is_the_simulated_schedule() -> None:
     # estimate() reports the exposed communication of the simulated schedule (the product path), the closed
     # form only where the two agree: same compute, and exposed communication within the tolerance above.
-    from predictor import estimate, estimate_time
+    from zerotune.predictor import estimate, estimate_time
     job = make_job("llama-2-7b", "a100-80gb", 4, 8, 512)
     cfg = DSConfig(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=3, precision="fp16",
                    zero=ZeroConfig(stage=3, overlap_comm=False))

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from predictor import DSConfig, Efficiency, ZeroConfig, estimate, estimate_time
-from predictor.dsconfig import ActivationCheckpointing
-from predictor.flops import micro_batch_flops
-from predictor.model import ModelSpec
-from predictor.step_time import TIME_TERMS, data_parallel_collectives
-from predictor.zero_mechanics import zero3_trace
+from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate, estimate_time
+from zerotune.predictor.dsconfig import ActivationCheckpointing
+from zerotune.predictor.flops import micro_batch_flops
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.step_time import TIME_TERMS, data_parallel_collectives
+from zerotune.predictor.zero_mechanics import zero3_trace
 from tests.conftest import make_job
 
 EFF = Efficiency()
@@ -116,8 +116,8 @@ def test_recompute_costs_one_more_forward() -> None:
 def test_pipeline_bubble_and_stage_share():
     """1F1B pipeline (Narayanan et al. 2021, sec. 2.2): each stage computes 1/pp of the model per micro-batch and
     the step idles (pp - 1) micro-steps, a bubble fraction of (pp - 1) / m against m micro-batches."""
-    from predictor import DSConfig, estimate_time
-    from predictor.dsconfig import ZeroConfig
+    from zerotune.predictor import DSConfig, estimate_time
+    from zerotune.predictor.dsconfig import ZeroConfig
     from tests.conftest import make_job
     job = make_job("gpt2-xl", "a100-80gb", 1, 8, 1024)
     flat = DSConfig(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=8, precision="bf16",

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.measurement import read_jsonl
-from predictor.units import GIB
-from validate.experiments import split_user_command
-from validate.tune import TuneSettings, add_tune_arguments, settings_from_args, tune
+from zerotune.calibrate.measurement import read_jsonl
+from zerotune.predictor.units import GIB
+from zerotune.validate.experiments import split_user_command
+from zerotune.validate.tune import TuneSettings, add_tune_arguments, settings_from_args, tune
 
 pytestmark = pytest.mark.deepspeed
 
@@ -113,7 +113,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from tests.test_tune_e2e import _fault_settings
-from validate.tune import tune
+from zerotune.validate.tune import tune
 tune(_fault_settings(Path({tmp!r}), [1, 2, 4], "4:crash,2:hang,1:metrics", top_k=2, timeout_s=120),
      log=lambda line: print(line, flush=True))
 """
@@ -145,8 +145,8 @@ def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
 
 
 def test_model_information_from_one_profiling_run_of_the_script(tmp_path: Path) -> None:
-    from predictor import load_model
-    from validate.tune import profile_model
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import profile_model
     settings = _fault_settings(tmp_path, [2], "", top_k=1, timeout_s=240)
     profiled = profile_model(replace(settings, seq_len=None))
     model = load_model(profiled.model_path)
@@ -181,8 +181,8 @@ def _script_settings(argv: list[str]) -> TuneSettings:
 
 def test_deepspeed_examples_style_script_is_read_and_measured(tmp_path: Path) -> None:
     """--deepspeed --deepspeed_config, deepspeed.add_config_arguments, data through initialize(training_data=...)."""
-    from predictor import load_model
-    from validate.tune import profile_model
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import profile_model
     config = _script_config(tmp_path, [1, 2])
     settings = _script_settings([str(SCRIPTS / "encoder_mlm.py"), "--deepspeed", "--deepspeed_config", str(config),
                                  "--steps", "50"])
@@ -197,7 +197,7 @@ def test_deepspeed_examples_style_script_is_read_and_measured(tmp_path: Path) ->
 
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:
     """arg_mappings: each experiment's --batch_size is its micro-batch; the profiling run is a measurement."""
-    from validate.tune import run_tune
+    from zerotune.validate.tune import run_tune
     config = _script_config(tmp_path, [2, 4], arg_mappings={"train_micro_batch_size_per_gpu": "--batch_size"})
     parser = argparse.ArgumentParser()
     add_tune_arguments(parser)
@@ -221,7 +221,7 @@ def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -
     model read from the Hugging Face model's config and modules by the profiling run (a BertForMaskedLM)."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from validate.tune import run_tune
+    from zerotune.validate.tune import run_tune
     doc = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
            "gradient_clipping": "auto", "steps_per_print": 1000, "bf16": {"enabled": "auto"},
            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
@@ -246,7 +246,7 @@ def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -
     results = tmp_path / "results"
     profiled = (results / "model_profiled.yaml").read_text()
     assert "Hugging Face config (model_type bert)" in profiled and "head_transform: true" in profiled
-    from predictor import load_model
+    from zerotune.predictor import load_model
     model = load_model(str(results / "model_profiled.yaml"))
     # the script's BertConfig: 3 layers of 320, 5 heads, MLP 1280, vocabulary 5000, sequence 64
     assert (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size, model.vocab_size) == \

@@ -1,4 +1,4 @@
-"""validate.tune with a fake launcher: the stopping rule, the budget, resume and overwrite, arg_mappings,
+"""zerotune.validate.tune with a fake launcher: the stopping rule, the budget, resume and overwrite, arg_mappings,
 latency minimised, the results layout, failures recorded, learning-rate advice."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Callable
 
 import pytest
 
-from calibrate.launch import LaunchSpec, RunResult
-from calibrate.measurement import read_jsonl
-from predictor import experiment_name, parse_ds_config
-from predictor.rank import rank
-from predictor.space import space_from_ds_config
-from validate.experiments import (UserCommand, check_arg_mappings, model_from_num_params, read_hostfile,
+from zerotune.calibrate.launch import LaunchSpec, RunResult
+from zerotune.calibrate.measurement import read_jsonl
+from zerotune.predictor import experiment_name, parse_ds_config
+from zerotune.predictor.rank import rank
+from zerotune.predictor.space import space_from_ds_config
+from zerotune.validate.experiments import (UserCommand, check_arg_mappings, model_from_num_params, read_hostfile,
                                   rewrite_args, split_user_command)
-from validate.plan import build_job
-from validate.results import ExperimentResult, Prediction, best_result, measured_from_metrics
-from validate.tune import (BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, lr_advice, settings_from_args, tune)
+from zerotune.validate.plan import build_job
+from zerotune.validate.results import ExperimentResult, Prediction, best_result, measured_from_metrics
+from zerotune.validate.tune import (BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, lr_advice, settings_from_args, tune)
 
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
 WORLD = 2
@@ -34,7 +34,7 @@ def _name(spec: LaunchSpec) -> str:
 
 
 class FakeLauncher:
-    """Answers each experiment like calibrate.launch would: metrics in the run folder, or a failure."""
+    """Answers each experiment like zerotune.calibrate.launch would: metrics in the run folder, or a failure."""
 
     def __init__(self, step_s: Callable[[dict], float] = lambda d: 0.01 * d["train_micro_batch_size_per_gpu"] ** 0.5,
                  outcomes: dict[str, object] | None = None) -> None:
@@ -70,8 +70,8 @@ def _settings(tmp_path: Path, micro: list[int], stages: list[int], top_k: int = 
 def budget_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every configuration counts as able to win, so the budget alone ends the search: for tests of what
     happens around the experiments (resume, overwrite, the optimal config), not of the stopping rule."""
-    import validate.search
-    monkeypatch.setattr(validate.search, "MIN_GAIN_REL", -0.99)
+    import zerotune.validate.search
+    monkeypatch.setattr(zerotune.validate.search, "MIN_GAIN_REL", -0.99)
 
 
 def _predicted(settings: TuneSettings) -> dict[str, float]:
@@ -281,7 +281,7 @@ def test_hostfile_and_script_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_grid_runs_every_configuration_and_compares_the_pick(tmp_path: Path) -> None:
-    from validate.grid import compare, run_grid
+    from zerotune.validate.grid import compare, run_grid
     settings = _settings(tmp_path, [6, 7, 8], [0, 1], top_k=2)
     launcher = FakeLauncher(step_s=lambda d: 0.01 * d["train_micro_batch_size_per_gpu"] ** 0.5
                             * (1.5 if d["zero_optimization"]["stage"] else 1.0))
@@ -295,7 +295,7 @@ def test_grid_runs_every_configuration_and_compares_the_pick(tmp_path: Path) -> 
 
 
 def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> None:
-    from validate.tune import profile_model
+    from zerotune.validate.tune import profile_model
     script = tmp_path / "train.py"
     script.write_text("")
     ds = tmp_path / "ds.json"
@@ -322,7 +322,7 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
         metrics = {"throughput": 4 / 0.8, "latency": 0.8e6}  # DeepSpeed's engine: 4 samples per step of 0.8 s
         return RunResult("ok", "", 0, 1.0, spec.run_dir, metrics)
     profiled = profile_model(settings, engine)
-    from predictor import load_model
+    from zerotune.predictor import load_model
     model = load_model(profiled.model_path)
     assert (model.num_layers, model.hidden_size, model.num_params) == (12, 768, 124_439_808)  # GPT-2 small
     assert profiled.seq_len == 512 and profiled.measurement is not None
@@ -339,7 +339,7 @@ def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:
 
 def test_run_tune_prints_the_pick_and_advice_then_trains_with_the_optimal_command(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from validate import tune as tune_module
+    from zerotune.validate import tune as tune_module
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": [6, 7, 8], "zero_optimization": {"stage": 0},
                               "autotuning": {"fast": True, "results_dir": str(tmp_path / "results"),
@@ -369,7 +369,7 @@ def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: 
     """A client optimizer with ZeRO-Offload stops DeepSpeed at start-up: no experiment is spent on it."""
     from dataclasses import replace as dc_replace
 
-    from validate.tune import _explorable
+    from zerotune.validate.tune import _explorable
     client = dc_replace(_settings(tmp_path, [1], [1]), explore=("offload", "checkpointing"))
     assert _explorable(client) == ("checkpointing",)
     built = dc_replace(client, doc={**client.doc, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
@@ -377,7 +377,7 @@ def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: 
 
 
 def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tmp_path: Path) -> None:
-    from calibrate.measurement import Measurement
+    from zerotune.calibrate.measurement import Measurement
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=1)
     job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
     cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 0}}, world_size=WORLD)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from validate.experiments import check_arg_mappings
+from zerotune.validate.experiments import check_arg_mappings
 
 
 def test_a_trainer_config_gets_the_trainer_flag_for_each_auto_batch_key() -> None:

@@ -1,4 +1,4 @@
-"""calibrate.workload builds the model the predictor models: the same tensors, so the same parameter count."""
+"""zerotune.calibrate.workload builds the model the predictor models: the same tensors, so the same parameter count."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from predictor import load_model
+from zerotune.predictor import load_model
 
 torch = pytest.importorskip("torch")
-workload = pytest.importorskip("calibrate.workload")
+workload = pytest.importorskip("zerotune.calibrate.workload")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

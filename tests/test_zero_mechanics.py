@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory, estimate_time
-from predictor.memory import state_bytes
-from predictor.rank import evaluate_space, metric_value
-from predictor.space import space_from_ds_config
-from predictor.step_time import collective_s, data_parallel_collectives, data_parallel_link
-from predictor.zero_mechanics import (grad_reduction, optimizer_wrapper, runtime_overhead_s, zero3_trace,
+from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory, estimate_time
+from zerotune.predictor.memory import state_bytes
+from zerotune.predictor.rank import evaluate_space, metric_value
+from zerotune.predictor.space import space_from_ds_config
+from zerotune.predictor.step_time import collective_s, data_parallel_collectives, data_parallel_link
+from zerotune.predictor.zero_mechanics import (grad_reduction, optimizer_wrapper, runtime_overhead_s, zero3_trace,
                                       zero3_working_set_elems)
 from tests.conftest import make_job
 
@@ -138,7 +138,7 @@ def test_h100_probe_peaks_stages_0_to_2_alike_and_zero3_above() -> None:
 def test_zero3_counts_the_hooked_modules_of_the_built_in_workload() -> None:
     # ZeRO-3 registers its hooks on every module (parameter_offload.py:337-528); those that run are the modules
     # of calibrate/workload.py's GPT except the ModuleList that holds the blocks.
-    workload = pytest.importorskip("calibrate.workload")
+    workload = pytest.importorskip("zerotune.calibrate.workload")
     spec = make_job("zt-gpt-small").model
     model = workload.build_model(spec)
     called = [m for m in model.modules() if type(m).__name__ != "ModuleList"]

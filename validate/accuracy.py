@@ -38,13 +38,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from predictor import ClusterSpec, DSConfig, Efficiency, Estimate, Job, ModelSpec, estimate, load_hardware
-from predictor.catalog import data_dir, list_hardware, list_models, load_model
-from predictor.dsconfig import ActivationCheckpointing, ZeroConfig
-from predictor.flops import micro_batch_flops
-from predictor.hardware import HardwareSpec
-from predictor.memory import state_bytes
-from predictor.units import TERA
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Estimate, Job, ModelSpec, estimate, load_hardware
+from zerotune.predictor.catalog import data_dir, list_hardware, list_models, load_model
+from zerotune.predictor.dsconfig import ActivationCheckpointing, ZeroConfig
+from zerotune.predictor.flops import micro_batch_flops
+from zerotune.predictor.hardware import HardwareSpec
+from zerotune.predictor.memory import state_bytes
+from zerotune.predictor.units import TERA
 
 __all__ = ["Half", "model_half", "split_rows", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
            "score_rows", "score_dir", "format_markdown", "main", "SPEED_METRICS", "DEFAULT_DATA_DIR"]
@@ -511,7 +511,7 @@ def format_markdown(scores: Sequence[DataSetScore]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m validate.accuracy",
+    parser = argparse.ArgumentParser(prog="python -m zerotune.validate.accuracy",
                                      description="Score zerotune's uncalibrated predictions against published "
                                                  "training measurements.")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="folder of published *.jsonl files")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from predictor import DSConfig, to_ds_config
-from predictor.dsconfig import AutotuningConfig
+from zerotune.predictor import DSConfig, to_ds_config
+from zerotune.predictor.dsconfig import AutotuningConfig
 
 __all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
            "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS"]
@@ -124,7 +124,7 @@ def experiment_ds_config(cfg: DSConfig, world_size: int, autotuning: AutotuningC
     start_profile_step and end_profile_step and exiting (runtime/engine.py _autotuning_exit); the launcher
     points metric_path into the experiment's folder. wall_clock_breakdown is on: the engine's autotuning latency
     is computed from its global timers, which only it switches on (runtime/engine.py EngineTimers), and the
-    timers it then prints every step are what calibrate.launch stops an experiment that cannot beat the best
+    timers it then prints every step are what zerotune.calibrate.launch stops an experiment that cannot beat the best
     on. Every other key is the user's (to_ds_config)."""
     doc = to_ds_config(cfg, world_size)
     doc["autotuning"] = {"enabled": True, "start_profile_step": autotuning.start_profile_step,

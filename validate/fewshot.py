@@ -1,6 +1,6 @@
 """Few-shot transfer, measured: calibrate on a few rows of ONE model of a published data set, predict its others.
 
-    python -m validate.fewshot [--data FILE.jsonl] [--fit_model NAME] [--rows N] [--json]
+    python -m zerotune.validate.fewshot [--data FILE.jsonl] [--fit_model NAME] [--rows N] [--json]
 
 The fit rows go through the user's path: written as a `calibrate --from` CSV (calibrate/ingest.py's columns,
 models by catalog name or as a model YAML beside it) and calibrated by `zerotune calibrate --hardware H --from
@@ -31,9 +31,9 @@ from typing import Any, Sequence
 
 import yaml
 
-from calibrate.profile import load_profile
-from predictor import Efficiency, ModelSpec, estimate, load_model
-from validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
+from zerotune.calibrate.profiles import load_profile
+from zerotune.predictor import Efficiency, ModelSpec, estimate, load_model
+from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
 
 __all__ = ["FewShot", "Row", "fewshot", "published_rows", "main", "DEFAULT_FIT_MODEL"]
 
@@ -133,7 +133,7 @@ def _write_csv(rows: Sequence[Row], folder: Path) -> Path:
 
 def _calibrate(rows: Sequence[Row], folder: Path) -> tuple[Efficiency, tuple[str, ...]]:
     """`zerotune calibrate --from` on the rows, as a user runs it; the profile's efficiency and fitted names."""
-    from validate.cli import main as cli  # the CLI module names every package; imported only here
+    from zerotune.cli import main as cli  # the CLI module names every package; imported only here
     profile_path, out, err = folder / "profile.json", io.StringIO(), io.StringIO()
     args = ["calibrate", "--hardware", rows[0].case.job.cluster.hardware.name, "--from",
             str(_write_csv(rows, folder)), "--out", str(profile_path)]
@@ -213,7 +213,7 @@ def _format(r: FewShot) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m validate.fewshot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m zerotune.validate.fewshot", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="a published *.jsonl (default: see the module docstring)")
     parser.add_argument("--fit_model", help="the model whose rows are fitted (default: per data file)")
     parser.add_argument("--rows", type=int, default=3, help="rows of the fit model to calibrate on (default 3)")

@@ -1,11 +1,11 @@
 """The exhaustive baseline a `tune` is judged against: every configuration of the same space run for real,
 kept as data, and one line comparing zerotune's pick with the grid's best.
 
-    python -m validate.grid --deepspeed ds.json [--model M] [--seq_len S] [--tune_results DIR] [--out FILE]
+    python -m zerotune.validate.grid --deepspeed ds.json [--model M] [--seq_len S] [--tune_results DIR] [--out FILE]
 
 runs the space the ds_config describes (as `zerotune tune --deepspeed ds.json` reads it, built-in workload
 unless a script is given after the options) into <results_dir>_grid/ in DeepSpeed's layout, appends every
-run to data/measurements/cpu_grid_<job>.jsonl (calibrate.measurement records; each record's `source` names
+run to data/measurements/cpu_grid_<job>.jsonl (zerotune.calibrate.measurement records; each record's `source` names
 its run folder and carries that run's environment.json in one line) and, given the tune's results folder,
 prints the comparison. Experiments run one at a time, like tune's, and a rerun resumes.
 """
@@ -19,20 +19,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from calibrate.launch import launch
-from calibrate.measurement import append_jsonl
-from predictor import DSConfig, Job, estimate, experiment_name, parse_ds_config
-from predictor.rank import MAXIMISED, Metric, evaluate_space
-from predictor.space import space_from_ds_config
-from validate.plan import build_job
-from validate.results import ExperimentResult, Layout, Prediction, best_result
-from validate.tune import Launcher, TuneSettings, add_tune_arguments, autotuning_of, measurement_of, \
+from zerotune.calibrate.launch import launch
+from zerotune.calibrate.measurement import append_jsonl
+from zerotune.predictor import DSConfig, Job, estimate, experiment_name, parse_ds_config
+from zerotune.predictor.rank import MAXIMISED, Metric, evaluate_space
+from zerotune.predictor.space import space_from_ds_config
+from zerotune.validate.plan import build_job
+from zerotune.validate.results import ExperimentResult, Layout, Prediction, best_result
+from zerotune.validate.tune import Launcher, TuneSettings, add_tune_arguments, autotuning_of, measurement_of, \
     run_experiment, settings_from_args
 
 __all__ = ["grid_configs", "run_grid", "grid_path", "compare", "environment_note", "main"]
 
 REPO = Path(__file__).resolve().parent.parent
-UNCALIBRATED_BAND = 0.3  # predictor.rank.Uncertainty's default step-time band, shown beside each grid run
+UNCALIBRATED_BAND = 0.3  # zerotune.predictor.rank.Uncertainty's default step-time band, shown beside each grid run
 
 
 def grid_configs(job: Job, settings: TuneSettings) -> list[DSConfig]:
@@ -116,7 +116,7 @@ def _tune_pick(results_dir: Path, world_size: int) -> tuple[str, float | None, i
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m validate.grid", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m zerotune.validate.grid", description=__doc__.splitlines()[0])
     parser.add_argument("--tune_results", type=Path, help="a tune's results_dir, to compare its pick")
     parser.add_argument("--out", type=Path, help="JSONL to append to (default data/measurements/<hw>_grid_<job>.jsonl)")
     add_tune_arguments(parser)

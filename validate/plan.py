@@ -7,10 +7,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from predictor import ClusterSpec, Efficiency, Estimate, Job, estimate, load_hardware, load_model, parse_ds_config
-from predictor.rank import Metric, Ranking, Uncertainty, rank
-from predictor.space import space_from_ds_config
-from validate.report import WhatIf
+from zerotune.predictor import ClusterSpec, Efficiency, Estimate, Job, estimate, load_hardware, load_model, parse_ds_config
+from zerotune.predictor.rank import Metric, Ranking, Uncertainty, rank
+from zerotune.predictor.space import space_from_ds_config
+from zerotune.validate.report import WhatIf
 
 __all__ = ["Plan", "build_job", "single", "ranking", "best", "scaling_sweep", "hardware_sweep", "DEFAULT_MAX_SEQ_LEN"]
 

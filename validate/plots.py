@@ -9,10 +9,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from predictor import Efficiency, Estimate, Job, estimate
-from predictor.memory import TERMS
-from predictor.rank import SpaceTable
-from predictor.units import GIB
+from zerotune.predictor import Efficiency, Estimate, Job, estimate
+from zerotune.predictor.memory import TERMS
+from zerotune.predictor.rank import SpaceTable
+from zerotune.predictor.units import GIB
 
 __all__ = ["plot_space", "plot_predicted_vs_measured"]
 

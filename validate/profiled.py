@@ -1,12 +1,12 @@
 """What `zerotune tune`'s profiling run read from the user's process, turned into a model YAML and a measurement.
 
-The run (validate.tune.profile_model) is the user's script under DeepSpeed's launcher with
+The run (zerotune.validate.tune.profile_model) is the user's script under DeepSpeed's launcher with
 calibrate/profiling_site first on PYTHONPATH: its sitecustomize wraps deepspeed.initialize and writes
 <prefix>.model.json (the engine module's structure, calibrate/inspect_model.py) and <prefix>.rank<R>.json (the
 first micro-batch's input shapes, block forward calls, attention kernel calls, step times and peak memory).
 This module reads those files; it imports no torch.
 
-model_profiled.yaml carries only ModelSpec keys (predictor.catalog.load_model reads it); what was read and what
+model_profiled.yaml carries only ModelSpec keys (zerotune.predictor.catalog.load_model reads it); what was read and what
 was assumed are its leading comment lines.
 """
 
@@ -22,9 +22,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from predictor.activations import layer_activation_bytes
-from predictor.catalog import model_from_hf_dict
-from predictor.model import ModelSpec
+from zerotune.predictor.activations import layer_activation_bytes
+from zerotune.predictor.catalog import model_from_hf_dict
+from zerotune.predictor.model import ModelSpec
 
 __all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "model_yaml"]
 

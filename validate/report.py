@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from predictor import Estimate, experiment_name, to_ds_config
-from predictor.dsconfig import OffloadConfig
-from predictor.rank import Ranked, Ranking
-from predictor.units import GIB
+from zerotune.predictor import Estimate, experiment_name, to_ds_config
+from zerotune.predictor.dsconfig import OffloadConfig
+from zerotune.predictor.rank import Ranked, Ranking
+from zerotune.predictor.units import GIB
 
 __all__ = ["prediction_dict", "format_estimate", "ranking_dict", "format_ranking", "WhatIf", "whatif_dict",
            "format_whatif", "describe_knobs"]

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from calibrate.measurement import Status
-from predictor import DSConfig, parse_ds_config
-from predictor.dsconfig import resolve_batch
-from predictor.rank import MAXIMISED, Metric
+from zerotune.calibrate.measurement import Status
+from zerotune.predictor import DSConfig, parse_ds_config
+from zerotune.predictor.dsconfig import resolve_batch
+from zerotune.predictor.rank import MAXIMISED, Metric
 
 __all__ = ["Layout", "Prediction", "ExperimentResult", "write_json_atomic", "write_text_atomic",
            "measured_from_metrics", "exp_document", "result_dict", "load_finished", "format_summary",

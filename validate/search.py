@@ -14,7 +14,7 @@ an additive kernel (Rasmussen & Williams 2006, sec. 4.2.4: sums of kernels are k
 A measurement therefore corrects its own family most, the families that share a factor with it partly, and the
 rest through the shared part. The prior's total standard deviation is the ranking's band: the uncertainty's
 step_time_rel is the one-sided Z-sigma band, so before any measurement the optimistic bound is the ranking's
-(predictor.rank._band). When measurements show errors larger than the prior allowed (a wrong or uncalibrated
+(zerotune.predictor.rank._band). When measurements show errors larger than the prior allowed (a wrong or uncalibrated
 model), the shared and per-factor variances are inflated by their mean square over the prior's (one error cannot
 tell whether the cluster or the stage is off) and the finer terms by their spread about their mean, so the bands
 of families not yet run widen with the evidence that the model is off.
@@ -41,12 +41,12 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.special import ndtr
 
-from calibrate.measurement import Measurement, Status
-from predictor.dsconfig import DSConfig
-from predictor.job import Efficiency, Job
-from predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space
-from predictor.space import SearchSpace
-from validate.results import Prediction
+from zerotune.calibrate.measurement import Measurement, Status
+from zerotune.predictor.dsconfig import DSConfig
+from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space
+from zerotune.predictor.space import SearchSpace
+from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
@@ -327,7 +327,7 @@ def run_search(cands: Candidates, uncertainty: Uncertainty, budget: int,
 
 @dataclass(frozen=True)
 class SearchTable:
-    """The space as the search sees it: validate.search.Candidates and the configuration behind each index."""
+    """The space as the search sees it: zerotune.validate.search.Candidates and the configuration behind each index."""
 
     table: SpaceTable
     candidates: Candidates
@@ -361,7 +361,7 @@ def prediction_of(choice: Choice, metric: Metric, memory_bytes: float) -> Predic
 
 def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
     """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
-    from predictor import estimate
+    from zerotune.predictor import estimate
     est = estimate(job, measurement.config, efficiency)
     memory = est.memory
     ratio = max(memory.total_bytes / memory.capacity_bytes,

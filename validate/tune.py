@@ -6,11 +6,11 @@ best and stops as soon as measurement settles the race.
 
 Workflow: (1) the model from --model, or from one short profiling run of the script (DeepSpeed's
 model_info profile: parameter count -> a GPT-2-shaped ModelSpec, experiments.model_from_num_params);
-(2) rank the whole space (predictor.space reads the ds_config as DeepSpeed's autotuner does, keeping the
+(2) rank the whole space (zerotune.predictor.space reads the ds_config as DeepSpeed's autotuner does, keeping the
 user's zero_optimization, offload included) with the cluster's calibration profile when there is one;
-(3) run the most promising configuration as a real experiment through calibrate.launch (own folder, own
+(3) run the most promising configuration as a real experiment through zerotune.calibrate.launch (own folder, own
 master port, mapped arguments rewritten, DeepSpeed's engine timing start_profile_step..end_profile_step);
-(4) correct the predictions with what was measured, by family (validate.search: errors are shared within a
+(4) correct the predictions with what was measured, by family (zerotune.validate.search: errors are shared within a
 ZeRO stage / offload / checkpointing family and smooth in micro-batch), choose the next experiment by expected
 improvement, and stop when no remaining configuration's optimistic band beats the measured best; never more
 than top_k (and tuner_num_trials) experiments, a ceiling the stopping rule usually stays under. Each experiment takes the whole --num_gpus x --num_nodes the tuned configuration is for, so
@@ -35,22 +35,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
-from calibrate.measurement import Measurement, append_jsonl
-from calibrate.profile import default_profile_path, load_profile
-from predictor import DSConfig, Efficiency, Job, estimate, experiment_name, parse_ds_config
-from predictor.dsconfig import AutotuningConfig
-from predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
-from predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
-from predictor.units import GIB
-from validate.experiments import (UserCommand, check_arg_mappings, filtered_resources, read_ds_config, experiment_ds_config,
+from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
+from zerotune.calibrate.measurement import Measurement, append_jsonl
+from zerotune.calibrate.profiles import default_profile_path, load_profile
+from zerotune.predictor import DSConfig, Efficiency, Job, estimate, experiment_name, parse_ds_config
+from zerotune.predictor.dsconfig import AutotuningConfig
+from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
+from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
+from zerotune.predictor.units import GIB
+from zerotune.validate.experiments import (UserCommand, check_arg_mappings, filtered_resources, read_ds_config, experiment_ds_config,
                                   optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
-from validate.plan import build_job
-from validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
+from zerotune.validate.plan import build_job
+from zerotune.validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
                              observation_of, prediction_of, run_search)
-from validate.profiled import ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled
-from validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
+from zerotune.validate.profiled import ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled
+from zerotune.validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
 
@@ -237,12 +237,12 @@ def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: f
 
 
 def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, metric: Metric) -> ExperimentResult:
-    if run.status == "stopped":  # its partial step times still correct the predictions (validate.search)
+    if run.status == "stopped":  # its partial step times still correct the predictions (zerotune.validate.search)
         step_s = statistics.median(run.step_times_s) if run.step_times_s else None
         return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
     if run.status != "ok" or run.metrics is None:
         return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
-    from predictor import estimate
+    from zerotune.predictor import estimate
     samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * job.cluster.world_size // cfg.mp_size
     flops = estimate(job, cfg).time.model_flops_per_gpu
     try:
@@ -275,7 +275,7 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     try:
         rule = None
         if best is not None:
-            from predictor import estimate
+            from zerotune.predictor import estimate
             samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world)
             rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu, at)
         run = launcher(_launch_spec(settings, ds_config, run_dir, args, rule))
@@ -291,7 +291,7 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
 def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, model: _Model,
             table: SearchTable, launcher: Launcher, log: Callable[[str], None], results: list[ExperimentResult],
             initial: Sequence[Measurement] = ()) -> str:
-    """Run experiments into `results` until the stopping rule or the budget ends it (validate.search decides
+    """Run experiments into `results` until the stopping rule or the budget ends it (zerotune.validate.search decides
     which); returns why it stopped."""
     metric, budget = at.metric, min(settings.top_k, at.tuner_num_trials)
 
@@ -352,8 +352,8 @@ def _write_outputs(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
 
 def _plots(job: Job, space: SearchSpace, model: _Model, results: Sequence[ExperimentResult], layout: Layout) -> None:
     try:
-        from predictor.rank import evaluate_space
-        from validate.plots import plot_predicted_vs_measured, plot_space
+        from zerotune.predictor.rank import evaluate_space
+        from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
         plot_space(job, evaluate_space(job, space, model.efficiency), layout.results_dir / "space.png",
                    model.efficiency)
         ok = [r for r in results if r.status == "ok" and r.step_s]
@@ -378,7 +378,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     """Rank, run the most promising experiments, write the results folder; see the module docstring.
 
     `initial`: measurements of this job made before the tune (a profiling run of the script, an earlier tune's
-    measurements.jsonl). They correct the predictions exactly as experiments do (validate.search) but are not
+    measurements.jsonl). They correct the predictions exactly as experiments do (zerotune.validate.search) but are not
     experiments: they count against no budget, are not candidates for the optimum and are not written to the
     results folder. Their `config` must be a configuration of this job (same GPUs, model, sequence length)."""
     start = time.monotonic()
@@ -518,7 +518,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     command, model, seq_len = _command(args)
     doc = read_ds_config(command.ds_config_path)
     hardware = args.hardware or _default_hardware()
-    from predictor import load_hardware
+    from zerotune.predictor import load_hardware
     hw = load_hardware(hardware)
     num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
@@ -560,7 +560,7 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
 
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
     """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
-    experiment, with calibrate/profiling_site reading the model inside the user's process (validate.profiled).
+    experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
     Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from calibrate.measurement import Measurement, from_record
-from predictor import Efficiency
-from predictor.catalog import data_dir, nearest
+from zerotune.calibrate.measurement import Measurement, from_record
+from zerotune.predictor import Efficiency
+from zerotune.predictor.catalog import data_dir, nearest
 
 __all__ = ["CalibrationProfile", "FitQuality", "Uncertainty", "save_profile", "load_profile",
            "default_profile_path", "efficiency_from_dict", "profile_measurements", "PROFILE_FORMAT"]
@@ -67,7 +67,7 @@ class CalibrationProfile:
     uncertainty: Uncertainty
     fit_quality: FitQuality
     fitted_on: dict[str, Any]
-    """{'count': int, 'sources': [str], 'measurements': [records from calibrate.measurement.to_record]}."""
+    """{'count': int, 'sources': [str], 'measurements': [records from zerotune.calibrate.measurement.to_record]}."""
     environment: dict[str, Any] = field(default_factory=dict)
     """torch / DeepSpeed / NCCL versions, device name and memory, date: as the caller measured them."""
     created: str = ""

@@ -12,13 +12,13 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from predictor import Efficiency, experiment_name, load_hardware
-from predictor.rank import Uncertainty, evaluate_space
-from predictor.space import EXPLORABLE, space_from_ds_config
-from predictor.units import GIB
-from validate import plan as planning
-from validate.experiments import read_ds_config
-from validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
+from zerotune.predictor import Efficiency, experiment_name, load_hardware
+from zerotune.predictor.rank import Uncertainty, evaluate_space
+from zerotune.predictor.space import EXPLORABLE, space_from_ds_config
+from zerotune.predictor.units import GIB
+from zerotune.validate import plan as planning
+from zerotune.validate.experiments import read_ds_config
+from zerotune.validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
                              whatif_dict)
 
 __all__ = ["main"]
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_calibrate(verbs)
-    from validate.tune import add_tune_arguments
+    from zerotune.validate.tune import add_tune_arguments
     add_tune_arguments(verbs.add_parser(
         "tune", help="run only the top-k predicted configurations as real DeepSpeed experiments and write "
                      "ds_config_optimal.json (a drop-in for deepspeed --autotuning tune)"))
@@ -173,7 +173,7 @@ def _plan_for(args: argparse.Namespace, hardware: str, doc: dict[str, Any]) -> t
     """(how to predict, whether a calibration profile applies) for one GPU type."""
     eff, unc, calibrated = Efficiency(), Uncertainty(), False
     if args.profile:
-        from calibrate.profile import load_profile  # the one place predict reads calibrate's data
+        from zerotune.calibrate.profiles import load_profile  # the one place predict reads calibrate's data
         profile = load_profile(Path(args.profile))
         if profile.hardware == hardware:
             eff, calibrated = profile.efficiency, True
@@ -224,7 +224,7 @@ def _predict(args: argparse.Namespace) -> int:
                          f"{least.memory.total_bytes / GIB:.1f} GiB ({experiment_name(least.config)}); add GPUs or nodes, offload, checkpointing "
                          f"or a shorter --seq_len")
     if args.plot:
-        from validate.plots import plot_space
+        from zerotune.validate.plots import plot_space
         space = space_from_ds_config(doc, world_size=job.cluster.world_size, hidden_size=job.model.hidden_size,
                                      explore=plan.explore)
         plot_space(job, evaluate_space(job, space, plan.efficiency), Path(args.plot), plan.efficiency)
@@ -238,11 +238,11 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], text: Any) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from calibrate import run as calibration  # torch-free; the measuring steps import torch when they run
-    from validate.plots import plot_predicted_vs_measured
+    from zerotune.calibrate import run as calibration  # torch-free; the measuring steps import torch when they run
+    from zerotune.validate.plots import plot_predicted_vs_measured
     hardware = load_hardware(args.hardware).name
     if args.source:
-        from calibrate.ingest import read_measurements
+        from zerotune.calibrate.ingest import read_measurements
         measurements = read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len)
         environment = {"source": str(args.source)}
     else:
@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     try:
         if args.verb == "tune":
-            from validate.tune import run_tune
+            from zerotune.validate.tune import run_tune
             return run_tune(args)
         return {"predict": _predict, "calibrate": _calibrate}[args.verb](args)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a run that could not be measured, said in one line
