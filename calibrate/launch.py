@@ -75,6 +75,16 @@ class LaunchSpec:
     """A DeepSpeed hostfile ('host slots=N' lines); with more than one node the launcher needs pdsh."""
     include: str | None = None
     """The launcher's --include filter, e.g. 'worker-0:0,1@worker-1'; DeepSpeed refuses it with num_gpus/nodes."""
+    exclude: str | None = None
+    """The launcher's --exclude filter, same format; exclusive with include (launcher/runner.py)."""
+    launcher: str | None = None
+    """The multi-node backend DeepSpeed's runner starts ranks with: pdsh (its default), openmpi, mpich, impi,
+    slurm, mvapich (launcher/multinode_runner.py)."""
+    launcher_args: str | None = None
+    """Passed to that backend as one string (the runner's --launcher_args)."""
+    no_ssh: bool = False
+    """The runner's --no_ssh: each node runs the command itself (with --node_rank), no ssh between nodes."""
+    master_addr: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """Added to os.environ for the launcher and its ranks."""
     memory_limit_bytes: int | None = None
@@ -133,14 +143,19 @@ def _deepspeed_executable() -> str:
     return found
 
 
-def _is_multi_node(spec: LaunchSpec) -> bool:
-    return spec.hostfile is not None or (spec.num_nodes or 1) > 1 or "@" in (spec.include or "")
+def _needs_pdsh(spec: LaunchSpec) -> bool:
+    """DeepSpeed's runner starts a multi-node job through pdsh unless another backend is named or --no_ssh given."""
+    multi = spec.hostfile is not None or (spec.num_nodes or 1) > 1 or "@" in (spec.include or "")
+    return multi and (spec.launcher or "pdsh").lower() == "pdsh" and not spec.no_ssh
 
 
 def _resource_args(spec: LaunchSpec) -> list[str]:
-    if spec.include is not None and (spec.num_gpus is not None or spec.num_nodes is not None):
-        raise ValueError("LaunchSpec.include cannot be combined with num_gpus or num_nodes (DeepSpeed's launcher "
-                         "refuses it); give one or the other")
+    filtered = spec.include is not None or spec.exclude is not None
+    if filtered and (spec.num_gpus is not None or spec.num_nodes is not None):
+        raise ValueError("LaunchSpec.include / exclude cannot be combined with num_gpus or num_nodes (DeepSpeed's "
+                         "launcher refuses it, launcher/runner.py); give one or the other")
+    if spec.include is not None and spec.exclude is not None:
+        raise ValueError("LaunchSpec.include and exclude are mutually exclusive (launcher/runner.py); give one")
     if (spec.num_nodes or 1) > 1 and spec.hostfile is None:
         raise ValueError(f"LaunchSpec.num_nodes {spec.num_nodes} needs a hostfile listing the nodes; set hostfile")
     args: list[str] = []
@@ -150,9 +165,11 @@ def _resource_args(spec: LaunchSpec) -> list[str]:
         args += ["--num_nodes", str(spec.num_nodes)]
     if spec.num_gpus is not None:
         args += ["--num_gpus", str(spec.num_gpus)]
-    if spec.include is not None:
-        args += ["--include", spec.include]
-    return args
+    for flag, value in (("--include", spec.include), ("--exclude", spec.exclude), ("--launcher", spec.launcher),
+                        ("--launcher_args", spec.launcher_args), ("--master_addr", spec.master_addr)):
+        if value is not None:
+            args += [flag, value]
+    return args + (["--no_ssh"] if spec.no_ssh else [])
 
 
 def deepspeed_command(spec: LaunchSpec) -> list[str]:
@@ -286,7 +303,7 @@ def launch(spec: LaunchSpec) -> RunResult:
     if spec.timeout_s <= 0:
         raise ValueError(f"LaunchSpec.timeout_s must be positive, got {spec.timeout_s}")
     cmd = deepspeed_command(spec)
-    if _is_multi_node(spec) and shutil.which("pdsh") is None:
+    if _needs_pdsh(spec) and shutil.which("pdsh") is None:
         raise RuntimeError("a multi-node launch needs pdsh, which DeepSpeed's launcher runs on every node; "
                            "install pdsh (e.g. apt-get install pdsh) or run on one node with num_gpus")
     _prepare_run_dir(spec, cmd)

@@ -20,7 +20,8 @@ FP32_BYTES = 4
 
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int,
                            tp: int = 1) -> float:
-    """Bytes one transformer block keeps for backward (no recomputation)."""
+    """Bytes one transformer block keeps for backward (no recomputation), times the model's measured
+    activation_scale (1 unless a profiling run measured the user's block)."""
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
     d, s = act_bytes, seq_len
     mask = MASK_BYTES if model.dropout else 0
@@ -34,7 +35,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     attention = (h + 2 * kv + h) * d + scores
     mlp = (4 * f if model.gated_mlp else 2 * f) * d
     per_token = replicated + (attention + mlp) / tp
-    return float(per_token * s * micro_batch)
+    return float(per_token * s * micro_batch * model.activation_scale)
 
 
 def checkpoint_bytes_per_layer(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int) -> float:

@@ -22,7 +22,7 @@ from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.units import GIB, GIGA, MICRO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware",
-           "model_from_hf_config", "nearest", "safe_name", "MODEL_LIMITS", "HARDWARE_LIMITS"]
+           "model_from_hf_config", "model_from_hf_dict", "nearest", "safe_name", "MODEL_LIMITS", "HARDWARE_LIMITS"]
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
@@ -193,16 +193,23 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         raise ValueError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: a Hugging Face config.json is a JSON object, got {type(cfg).__name__}")
+    return model_from_hf_dict(cfg, _hf_label(cfg, path), f"Hugging Face config.json at {path}", path)
+
+
+def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path | str = "Hugging Face config"
+                       ) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config's keys (config.json, or a live model's config.to_dict()); `path`
+    names it in errors."""
     model_type = str(cfg.get("model_type", ""))
     get = _NamedIntegers(cfg, path)
     hidden, heads = get("hidden_size"), get("num_heads")
     common: dict[str, Any] = dict(
-        name=_hf_label(cfg, path), num_layers=get("num_layers"), hidden_size=hidden, num_heads=heads,
+        name=name, num_layers=get("num_layers"), hidden_size=hidden, num_heads=heads,
         num_kv_heads=get("num_kv_heads", heads), ffn_hidden_size=get("ffn_hidden_size", 4 * hidden),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
-        source=f"Hugging Face config.json at {path}",
+        source=source,
     )
     try:
         return ModelSpec(**{**common, **_hf_family(model_type, cfg)})

@@ -28,7 +28,11 @@ def layer_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> flo
 
 
 def logits_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    return float(2 * micro_batch * seq_len * model.hidden_size * model.vocab_size) if model.head == "lm" else 0.0
+    """The vocabulary projection, and the masked-LM head's h x h transform before it when there is one."""
+    if model.head != "lm":
+        return 0.0
+    width = model.vocab_size + (model.hidden_size if model.head_transform else 0)
+    return float(2 * micro_batch * seq_len * model.hidden_size * width)
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,19 @@ class ModelSpec:
     """A norm after the last block (pre-LN models: GPT-2, Llama)."""
     head: Head = "lm"
     """'lm': vocabulary projection (its own matrix unless tied); 'pooler': BERT's h x h pooler; 'none'."""
+    head_transform: bool = False
+    """A dense h x h (with bias) and a norm between the last block and the vocabulary projection: BERT's masked-LM
+    head (transformers BertLMPredictionHead.transform); only with head 'lm'."""
+    head_bias: bool = False
+    """The vocabulary projection has a bias of vocab_size (BERT's masked-LM decoder); only with head 'lm'."""
     relative_position_buckets: int = 0
     """DeBERTa-v2 relative position embeddings: 2 * buckets rows of width hidden, plus their norm."""
     conv_kernel_size: int = 0
     """DeBERTa-v2 convolution beside the first block (kernel * hidden * hidden weights)."""
+    activation_scale: float = 1.0
+    """Bytes a block keeps for backward, measured over zerotune.predictor.activations' formula: 1 for the implementations
+    the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
+    the first block, validate/profiled.py)."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -81,6 +90,8 @@ class ModelSpec:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if not self.activation_scale > 0:
+            raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
                              f"num_heads {self.num_heads}")
@@ -151,8 +162,12 @@ class ModelSpec:
     def head_tensors(self) -> list[Tensor]:
         h = self.hidden_size
         t = self._norm("final_norm", -1) if self.final_norm else []
+        if self.head == "lm" and self.head_transform:
+            t += self._linear("lm_head.transform", h, h, True, -1) + self._norm("lm_head.transform_norm", -1)
         if self.head == "lm" and not self.tied_embeddings:
             t.append(Tensor("lm_head.weight", self.vocab_size * h, -1))
+        if self.head == "lm" and self.head_bias:
+            t.append(Tensor("lm_head.bias", self.vocab_size, -1))
         elif self.head == "pooler":
             t += self._linear("pooler", h, h, True, -1)
         return t

@@ -37,6 +37,17 @@ def test_hugging_face_auto_values_resolve_as_the_trainer_does() -> None:
     assert cfg.optimizer == "adamw" and cfg.precision == "fp32"
 
 
+def test_an_auto_precision_stays_for_the_trainer_to_fill() -> None:
+    """The Trainer sets fp16/bf16.enabled from --fp16/--bf16 only where the section exists (transformers
+    integrations/deepspeed.py fill_match); a written config without it would train in fp32 under --fp16."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = parse_ds_config({**HF_ZERO3, "train_micro_batch_size_per_gpu": 2}, world_size=8, hidden_size=1024)
+    out = to_ds_config(cfg, 8)
+    assert out["fp16"] == HF_ZERO3["fp16"] and "bf16" not in out
+    assert "fp16" not in to_ds_config(parse_ds_config({"fp16": {"enabled": False}}), 1)
+
+
 def test_batch_triple_is_derived_like_deepspeed() -> None:
     assert parse_ds_config({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, world_size=8) \
         .gradient_accumulation_steps == 2

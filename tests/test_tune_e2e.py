@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -147,9 +148,116 @@ def test_model_information_from_one_profiling_run_of_the_script(tmp_path: Path) 
     from zerotune.predictor import load_model
     from zerotune.validate.tune import profile_model
     settings = _fault_settings(tmp_path, [2], "", top_k=1, timeout_s=240)
-    path = profile_model(settings)
-    model = load_model(path)
-    # DeepSpeed's engine counts tiny-gpt's 141,056 parameters (tests/test_launch.py); the GPT-2-shaped model
-    # derived from the count carries it within the rounding of whole heads (one layer of width 64 here)
-    assert "num_params 141056" in model.source
-    assert model.num_params == pytest.approx(141_056, rel=0.2)
+    profiled = profile_model(replace(settings, seq_len=None))
+    model = load_model(profiled.model_path)
+    # tiny-gpt.yaml, read back from the module the script built: 2 blocks of width 64, 4 heads, MLP 256, vocabulary 512
+    assert (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size, model.vocab_size) == \
+        (2, 64, 4, 256, 512)
+    assert model.num_params == 141_056  # DeepSpeed's engine counts the same (tests/test_launch.py)
+    assert profiled.seq_len == 33  # the workload feeds seq_len + 1 tokens and shifts them for the targets
+    m = profiled.measurement
+    assert m is not None and m.step_s > 0 and m.peak_memory_bytes > 50 * 2**20  # a torch process' RSS
+
+
+SCRIPTS = FIXTURES / "scripts"
+
+
+def _script_config(tmp_path: Path, micro: list[int], **autotuning) -> Path:
+    doc = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": [0, 1]}, "steps_per_print": 1000,
+           "autotuning": {"start_profile_step": 1, "end_profile_step": 2, "results_dir": str(tmp_path / "results"),
+                          "exps_dir": str(tmp_path / "exps"), **autotuning}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _script_settings(argv: list[str]) -> TuneSettings:
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    return settings_from_args(parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--timeout_s", "400",
+                                                 "--explore", "none", "--memory_cap_gib", "6", *argv]))
+
+
+def test_deepspeed_examples_style_script_is_read_and_measured(tmp_path: Path) -> None:
+    """--deepspeed --deepspeed_config, deepspeed.add_config_arguments, data through initialize(training_data=...)."""
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import profile_model
+    config = _script_config(tmp_path, [1, 2])
+    settings = _script_settings([str(SCRIPTS / "encoder_mlm.py"), "--deepspeed", "--deepspeed_config", str(config),
+                                 "--steps", "50"])
+    assert settings.command.args == ("--deepspeed", "--steps", "50") and settings.model == ""
+    profiled = profile_model(settings)
+    model = load_model(profiled.model_path)
+    # the script's constants (tests/fixtures/scripts/encoder_mlm.py)
+    assert (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size) == (4, 384, 6, 8192)
+    assert profiled.seq_len == 128 and profiled.measurement is not None
+    assert profiled.measurement.config.train_micro_batch_size_per_gpu == 1  # the space's smallest
+
+
+def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:
+    """arg_mappings: each experiment's --batch_size is its micro-batch; the profiling run is a measurement."""
+    from zerotune.validate.tune import run_tune
+    config = _script_config(tmp_path, [2, 4], arg_mappings={"train_micro_batch_size_per_gpu": "--batch_size"})
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--timeout_s", "400", "--explore", "none",
+                              "--top_k", "1", "--memory_cap_gib", "6", str(SCRIPTS / "decoder_lm.py"),
+                              "--batch_size", "8", "--deepspeed_config", str(config)])
+    assert run_tune(args) == 0
+    results = tmp_path / "results"
+    assert "gated_mlp: true" in (results / "model_profiled.yaml").read_text()
+    profile_cmd = (results / "profile" / "cmd.txt").read_text()
+    assert "--batch_size 2" in profile_cmd  # the profiling run's micro-batch, rewritten as the experiments' are
+    measured = read_jsonl(results / "measurements.jsonl")
+    assert len(measured) == 1 and measured[0].status == "ok"
+    run_cmd = results / Path(measured[0].source).name / "cmd.txt"
+    assert f"--batch_size {measured[0].config.train_micro_batch_size_per_gpu}" in run_cmd.read_text()
+
+
+
+def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -> None:
+    """`--deepspeed ds_config.json` with "auto" values the Trainer fills in, the batch through arg_mappings, the
+    model read from the Hugging Face model's config and modules by the profiling run (a BertForMaskedLM)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from zerotune.validate.tune import run_tune
+    doc = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+           "gradient_clipping": "auto", "steps_per_print": 1000, "bf16": {"enabled": "auto"},
+           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                     "weight_decay": "auto", "torch_adam": True}},
+           "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                        "warmup_num_steps": "auto"}},
+           "zero_optimization": {"stage": [0, 1]},
+           "autotuning": {"start_profile_step": 1, "end_profile_step": 2, "max_train_micro_batch_size_per_gpu": 4,
+                          "results_dir": str(tmp_path / "results"), "exps_dir": str(tmp_path / "exps"),
+                          "arg_mappings": {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                                           "gradient_accumulation_steps": "--gradient_accumulation_steps"}}}
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(doc))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--timeout_s", "400", "--explore", "none",
+                              "--top_k", "1", "--memory_cap_gib", "6", str(SCRIPTS / "hf_trainer_mlm.py"),
+                              "--deepspeed", str(config), "--output_dir", str(tmp_path / "out"), "--use_cpu",
+                              "--per_device_train_batch_size", "8", "--report_to", "none", "--save_strategy", "no",
+                              "--max_steps", "20"])
+    assert run_tune(args) == 0
+    results = tmp_path / "results"
+    profiled = (results / "model_profiled.yaml").read_text()
+    assert "Hugging Face config (model_type bert)" in profiled and "head_transform: true" in profiled
+    from zerotune.predictor import load_model
+    model = load_model(str(results / "model_profiled.yaml"))
+    # the script's BertConfig: 3 layers of 320, 5 heads, MLP 1280, vocabulary 5000, sequence 64
+    assert (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size, model.vocab_size) == \
+        (3, 320, 5, 1280, 5000)
+    assert "--per_device_train_batch_size 1" in (results / "profile" / "cmd.txt").read_text()
+    measured = read_jsonl(results / "measurements.jsonl")
+    assert len(measured) == 1 and measured[0].status == "ok"
+    best = measured[0].config
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert optimal["train_micro_batch_size_per_gpu"] == best.train_micro_batch_size_per_gpu
+    assert optimal["optimizer"]["params"]["lr"] == "auto"  # the Trainer's own values stay the Trainer's
+    assert optimal["bf16"] == {"enabled": "auto"}
+    assert f"--per_device_train_batch_size {best.train_micro_batch_size_per_gpu}" in \
+        (results / "cmd_optimal.txt").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -307,17 +308,26 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
     assert settings.command.args == ("--lr", "0.1") and settings.command.ds_config_flag == "--deepspeed"
     assert settings.model == ""  # no --model: it comes from a profiling run
 
-    def engine(spec: LaunchSpec) -> RunResult:  # DeepSpeed's model_info profile writes the count, then exits
-        info = spec.ds_config["autotuning"]
-        assert info["model_info"] == {"profile": True} and spec.ds_config["train_micro_batch_size_per_gpu"] == 2
-        Path(info["model_info_path"]).parent.mkdir(parents=True, exist_ok=True)
-        Path(info["model_info_path"]).write_text(json.dumps({"num_params": 124_439_808}))
-        return RunResult("failed", "no metrics written", 0, 1.0, spec.run_dir, None)
-    path = profile_model(settings, engine)
+    structure = {"num_layers": 12, "hidden_size": 768, "num_heads": 12, "num_kv_heads": 12, "ffn_hidden_size": 3072,
+                 "vocab_size": 50257, "max_position_embeddings": 1024}
+
+    def engine(spec: LaunchSpec) -> RunResult:  # what calibrate/profiling_site writes inside the user's ranks
+        assert spec.env["PYTHONPATH"].split(os.pathsep)[0].endswith("profiling_site")
+        assert spec.ds_config["train_micro_batch_size_per_gpu"] == 2 and spec.ds_config["autotuning"]["enabled"]
+        prefix = spec.env["ZEROTUNE_PROFILE_OUT"]
+        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{prefix}.model.json").write_text(json.dumps({"structure": structure, "read": [], "assumed": []}))
+        Path(f"{prefix}.rank0.json").write_text(json.dumps({"rank": 0, "step_s": [3.0, 1.0], "peak_memory_bytes": 2e9,
+                                                            "inputs": [{"shape": [2, 512], "dtype": "int64"}]}))
+        metrics = {"throughput": 4 / 0.8, "latency": 0.8e6}  # DeepSpeed's engine: 4 samples per step of 0.8 s
+        return RunResult("ok", "", 0, 1.0, spec.run_dir, metrics)
+    profiled = profile_model(settings, engine)
     from zerotune.predictor import load_model
-    model = load_model(path)
-    assert (model.num_layers, model.hidden_size) == (12, 768) and "model_info" in model.source
-    with pytest.raises(ValueError, match="give --model"):
+    model = load_model(profiled.model_path)
+    assert (model.num_layers, model.hidden_size, model.num_params) == (12, 768, 124_439_808)  # GPT-2 small
+    assert profiled.seq_len == 512 and profiled.measurement is not None
+    assert (profiled.measurement.step_s, profiled.measurement.peak_memory_bytes) == (pytest.approx(0.8), 2e9)
+    with pytest.raises(ValueError, match="could not read the model.*give --model"):
         profile_model(settings, lambda spec: RunResult("failed", "ValueError: boom", 1, 1.0, spec.run_dir, None))
 
 

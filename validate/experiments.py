@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from zerotune.predictor import DSConfig, to_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig
 
-__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
+__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
            "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS"]
 
 DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
@@ -26,6 +26,8 @@ BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 """The ds_config keys a tuned experiment changes that scripts also take from their own arguments."""
 _BATCH_FLAG = re.compile(r"^--?[\w-]*(batch[_-]?size|micro[_-]?batch)[\w-]*(=.*)?$", re.IGNORECASE)
 _ACCUM_FLAG = re.compile(r"^--?[\w-]*(accumulation|grad[_-]?accum)[\w-]*(=.*)?$", re.IGNORECASE)
+_TRAINER_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps")
+"""The Hugging Face TrainingArguments flags that fill BATCH_KEYS' "auto" values."""
 _NOT_TRAINING = re.compile(r"eval|valid|test|infer", re.IGNORECASE)
 
 
@@ -106,12 +108,12 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
     says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
     a batch-size flag, and arg_mappings does not say which flag to rewrite."""
     mapped = set((arg_mappings or {}).keys())
-    for key, pattern in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG)):
+    for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), _TRAINER_FLAGS):
         if key in mapped:
             continue
         flags = [a.split("=", 1)[0] for a in args if pattern.match(a) and not _NOT_TRAINING.search(a)]
         if doc.get(key) == "auto" or flags:
-            flag = flags[0] if flags else "--per_device_train_batch_size"
+            flag = flags[0] if flags else trainer_flag
             where = f"the script takes {flags[0]}" if flags else f"ds_config {key} is \"auto\""
             raise ValueError(f"{where} but autotuning.arg_mappings has no {key}: add \"arg_mappings\": "
                              f"{{\"{key}\": \"{flag}\"}} so each experiment runs its own batch")
@@ -159,6 +161,31 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
     if not hosts:
         raise ValueError(f"--hostfile {path}: no 'host slots=N' line; list at least one host")
     return hosts
+
+
+def filtered_resources(hosts: Sequence[tuple[str, int]], include: str | None,
+                       exclude: str | None) -> list[tuple[str, int]]:
+    """(host, devices) left after the launcher's --include / --exclude ('worker-0:0,1@worker-1'; a host without
+    ':slots' means all its slots), counted as DeepSpeed's runner filters them (launcher/runner.py
+    parse_resource_filter)."""
+    if include and exclude:
+        raise ValueError("--include and --exclude are mutually exclusive (as for deepspeed); give one")
+    pool = dict(hosts)
+    chosen: dict[str, set[int]] = {h: set(range(n)) for h, n in hosts} if exclude else {}
+    for part in filter(None, (include or exclude or "").split("@")):
+        host, _, slots = part.partition(":")
+        if host not in pool:
+            raise ValueError(f"--{'include' if include else 'exclude'} {include or exclude}: host {host!r} is not "
+                             f"among {', '.join(pool)}; name a host of the hostfile (localhost without one)")
+        try:
+            picked = {int(x) for x in slots.split(",")} if slots else set(range(pool[host]))
+        except ValueError:
+            raise ValueError(f"--include/--exclude {part!r}: slots must be integers, as 'host:0,1'") from None
+        if include:
+            chosen[host] = chosen.get(host, set()) | picked
+        else:
+            chosen[host] -= picked
+    return [(h, len(s)) for h, s in chosen.items() if s]
 
 
 def model_info_ds_config(cfg: DSConfig, world_size: int, info_path: Path) -> dict[str, Any]:

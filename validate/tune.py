@@ -40,22 +40,24 @@ from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.calibrate.profiles import find_profile, load_profile
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig
-from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, evaluate_space, rank
+from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from zerotune.predictor.units import GIB
-from zerotune.validate.experiments import (UserCommand, check_arg_mappings, read_ds_config, experiment_ds_config, optimal_ds_config,
+from zerotune.validate.experiments import (UserCommand, check_arg_mappings, filtered_resources, read_ds_config, experiment_ds_config,
+                                  optimal_ds_config,
                                   read_hostfile, rewrite_args, split_user_command)
 from zerotune.validate.args import positive_float, positive_int
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
                              observation_of, prediction_of, run_search)
+from zerotune.validate.profiled import ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
-           "lr_advice", "measurement_of", "run_experiment", "autotuning_of",
+           "lr_advice", "measurement_of", "run_experiment", "autotuning_of", "ProfileOutcome",
            "profile_model", "load_profile_for", "stop_rule_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K",
            "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
 
@@ -92,6 +94,22 @@ class TuneSettings:
     memory_limit_bytes: int | None = None
     explore: tuple[str, ...] = EXPLORABLE
     run_after: bool = False
+    launch_flags: LauncherOptions = field(default_factory=lambda: LauncherOptions())
+    """DeepSpeed launcher flags passed through as the user gave them."""
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """The deepspeed launcher's flags a user brings (launcher/runner.py), passed through unchanged."""
+
+    include: str | None = None
+    exclude: str | None = None
+    launcher: str | None = None
+    launcher_args: str | None = None
+    no_ssh: bool = False
+    master_addr: str | None = None
+    master_port: int | None = None
+    """None: a free port per run (zerotune's default, so a stale run cannot collide)."""
 
 
 @dataclass(frozen=True)
@@ -166,13 +184,32 @@ def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, l
                        source=str(layout.run_dir(result.name)), reason=result.reason)
 
 
+def _first_predictions(job: Job, model: _Model, measured: Sequence[Measurement], metric: Metric) -> list[str]:
+    """The uncorrected prediction of each earlier measurement against what it measured, one line each."""
+    lines = []
+    for m in measured:
+        if m.status != "ok" or not m.measured_step_s:
+            continue
+        step_s = estimate(job, m.config, model.efficiency).time.step_s
+        low, high = _band(m.samples_per_step / step_s, "throughput", model.uncertainty.step_time_rel)
+        lines.append(f"zerotune tune: profiling run {experiment_name(m.config)}: measured "
+                     f"{m.samples_per_step / m.measured_step_s:.4g} samples/s, predicted {m.samples_per_step / step_s:.4g}"
+                     f" (band {low:.4g}-{high:.4g}); the predictions are corrected with it")
+    return lines
+
+
 # -- one experiment ----------------------------------------------------------------------------------------
 
 def _launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],
                  stop_rule: StopRule | None = None) -> LaunchSpec:
-    return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
-                      timeout_s=settings.timeout_s, script_args=tuple(args), num_gpus=settings.num_gpus,
-                      num_nodes=settings.num_nodes if settings.hostfile else None, hostfile=settings.hostfile,
+    o = settings.launch_flags
+    filtered = o.include is not None or o.exclude is not None  # the runner refuses counts beside a filter
+    return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir,
+                      master_port=o.master_port or free_port(), timeout_s=settings.timeout_s, script_args=tuple(args),
+                      num_gpus=None if filtered else settings.num_gpus,
+                      num_nodes=settings.num_nodes if settings.hostfile and not filtered else None,
+                      hostfile=settings.hostfile, include=o.include, exclude=o.exclude, launcher=o.launcher,
+                      launcher_args=o.launcher_args, no_ssh=o.no_ssh, master_addr=o.master_addr,
                       env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
                       ds_config_flag=settings.command.ds_config_flag, stop_rule=stop_rule)
 
@@ -356,6 +393,9 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
                                  explore=_explorable(settings))
     model = _Model(*_load_profile(settings, log))
+    if initial:
+        for line in _first_predictions(job, model, initial, at.metric):
+            log(line)
     table = candidate_table(job, space, model.efficiency, at.metric)
     bounds = memory_bounds([observation_of(job, model.efficiency, m) for m in initial], model.uncertainty)
     if not fit_probability(table.candidates.memory_ratio, bounds).any():
@@ -401,8 +441,51 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                    help="what the space may add that the ds_config does not set: offload,checkpointing or none")
     p.add_argument("--deepspeed", dest="tune_ds_config", metavar="DS_CONFIG",
                    help="the ds_config, when no script is given (the built-in workload, calibrate/workload.py)")
+    add_launcher_arguments(p)
     p.add_argument("script", nargs="?", help="the training script (default: the built-in workload)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments, --deepspeed ds.json among them")
+
+
+LAUNCHERS = ("pdsh", "openmpi", "mpich", "impi", "slurm", "mvapich")
+"""DeepSpeed's multi-node backends (launcher/constants.py)."""
+
+
+def add_launcher_arguments(p: argparse.ArgumentParser) -> None:
+    """deepspeed's own launcher flags, passed through to every run as the user gives them."""
+    p.add_argument("--include", help="deepspeed --include: hosts and slots to use, e.g. 'worker-0:0,1@worker-1'")
+    p.add_argument("--exclude", help="deepspeed --exclude: hosts and slots to leave out, same format")
+    p.add_argument("--launcher", type=str.lower, choices=LAUNCHERS, help="deepspeed --launcher: the multi-node "
+                   "backend (default pdsh)")
+    p.add_argument("--launcher_args", help="deepspeed --launcher_args: passed to the backend as one string")
+    p.add_argument("--no_ssh", action="store_true", help="deepspeed --no_ssh: each node runs the command itself")
+    p.add_argument("--master_addr", help="deepspeed --master_addr (default: the runner's)")
+    p.add_argument("--master_port", type=int, help="deepspeed --master_port (default: a free port per run)")
+
+
+def _launcher_options(args: argparse.Namespace) -> LauncherOptions:
+    return LauncherOptions(getattr(args, "include", None), getattr(args, "exclude", None),
+                           getattr(args, "launcher", None), getattr(args, "launcher_args", None),
+                           bool(getattr(args, "no_ssh", False)), getattr(args, "master_addr", None),
+                           getattr(args, "master_port", None))
+
+
+def _resources(args: argparse.Namespace, devices_per_node: int) -> tuple[int, int]:
+    """(nodes, devices per node): the flags, else the hostfile (and --include / --exclude), else one node."""
+    hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    if getattr(args, "include", None) or getattr(args, "exclude", None):
+        if args.num_gpus or args.num_nodes:
+            raise ValueError("--include / --exclude cannot be combined with --num_gpus / --num_nodes (as for "
+                             "deepspeed); give one or the other")
+        pool = hosts or [("localhost", devices_per_node)]
+        hosts = filtered_resources(pool, args.include, args.exclude)
+        if not hosts or len({n for _, n in hosts}) != 1:
+            raise ValueError(f"--include/--exclude leave {hosts or 'no devices'}: zerotune models the same number "
+                             f"of devices on every node; choose an even selection")
+        return len(hosts), hosts[0][1]
+    if hosts is None and (args.num_nodes or 1) > 1:
+        raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
+    num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
+    return num_nodes, args.num_gpus or (min(s for _, s in hosts) if hosts else devices_per_node)
 
 
 def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | None]:
@@ -439,45 +522,79 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     doc = read_ds_config(command.ds_config_path)
     hardware = args.hardware or _default_hardware()
     hw = load_hardware(hardware)
-    hosts = read_hostfile(args.hostfile) if args.hostfile else None
-    if hosts is None and (args.num_nodes or 1) > 1:
-        raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
-    num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
-    num_gpus = args.num_gpus or (min(s for _, s in hosts) if hosts else hw.num_devices_per_node)
+    num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
     ClusterSpec(hw, num_nodes, num_gpus)  # --num_gpus within the node, before anything runs
     autotuning_of(doc, num_nodes * num_gpus)  # the autotuning section's numbers, before anything runs
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
     return TuneSettings(command, doc, model or "", hardware, num_gpus, num_nodes, args.hostfile, seq_len,
                         args.top_k, args.profile, args.timeout_s, env,
-                        int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run)
+                        int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run,
+                        _launcher_options(args))
 
 
-def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> str:
-    """One short run of the script with DeepSpeed's model_info profile; the parameter count it reports becomes
-    a model YAML in the results folder (experiments.model_from_num_params) whose path is returned."""
-    import json
-    import yaml
-    from zerotune.validate.experiments import model_from_num_params, model_info_ds_config
+@dataclass(frozen=True)
+class ProfileOutcome:
+    """The profiling run: the model YAML it wrote, the sequence length it saw, and its measurement."""
+
+    model_path: str
+    seq_len: int | None
+    measurement: Measurement | None
+    """Its step time and peak memory, for the tuner's correction (None when it measured nothing)."""
+
+
+def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
+                         model_path: str, seq_len: int) -> Measurement | None:
+    """DeepSpeed's engine timing (autotuning metrics) when written, else the hook's median wall step."""
+    world = settings.num_nodes * settings.num_gpus
+    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * world // cfg.mp_size
+    step_s = median_step_s(profiled)
+    if run.status == "ok" and run.metrics is not None:
+        try:
+            step_s = measured_from_metrics(run.metrics, samples, 0.0, "throughput")[0]
+        except ValueError:
+            pass
+    if step_s is None:
+        return None
+    return Measurement(model=model_path, hardware=settings.hardware, num_nodes=settings.num_nodes,
+                       num_gpus_per_node=settings.num_gpus, seq_len=seq_len, config=cfg, status="ok", step_s=step_s,
+                       throughput_samples_per_s=samples / step_s, peak_memory_bytes=profiled.peak_memory_bytes,
+                       source=str(run.run_dir), reason="zerotune tune's profiling run")
+
+
+def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
+    """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
+    experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
+    Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
     space = space_from_ds_config(settings.doc, world_size=world, explore=())
     cfg = space.variants[0].replace(train_micro_batch_size_per_gpu=min(space.micro_batches))
-    run_dir = Path(at.results_dir) / "model_info"
-    info_path = (run_dir / "model_info.json").resolve()
-    info_path.unlink(missing_ok=True)
-    doc = model_info_ds_config(cfg, world, info_path)
-    run = launcher(_launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc)))
+    run_dir = Path(at.results_dir) / "profile"
+    prefix = (run_dir / "profiled").resolve()
+    for old in run_dir.glob("profiled.*.json"):
+        old.unlink()
+    doc = experiment_ds_config(cfg, world, at)
+    spec = _launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc))
+    run = launcher(replace(spec, env=profiling_env(spec.env, prefix)))
+    name = f"profiled-{settings.command.script.stem}"
     try:
-        info = json.loads(info_path.read_text())
-        num_params = int(info["num_params"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"the profiling run of {settings.command.script} reported no parameter count ({run.status}"
-                         f"{': ' + run.reason if run.reason else ''}; see {run_dir}); give --model") from None
-    source = f"derived by zerotune tune from DeepSpeed's model_info profile: num_params {num_params} ({info_path})"
-    model_doc = model_from_num_params(num_params, f"profiled-{settings.command.script.stem}", source)
+        profiled = read_profiled(prefix, name, world)
+    except ValueError as exc:
+        why = f"{run.status}{': ' + run.reason if run.reason else ''}"
+        raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
+                         f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
+    seq_len = settings.seq_len or profiled.seq_len
+    if seq_len is None:
+        raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
+                         f" give --seq_len")
     path = Path(at.results_dir) / "model_profiled.yaml"
-    write_text_atomic(path, yaml.safe_dump(model_doc, sort_keys=False))
-    return str(path)
+    write_text_atomic(path, model_yaml(profiled, f"read by zerotune tune's profiling run of "
+                                                f"{settings.command.script} ({run_dir})"))
+    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), seq_len)
+    if measurement is not None:
+        (run_dir / "measurement.jsonl").unlink(missing_ok=True)
+        append_jsonl(run_dir / "measurement.jsonl", [measurement])
+    return ProfileOutcome(str(path), seq_len, measurement)
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -485,9 +602,12 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     130 on Ctrl-C; user mistakes raise ValueError (the CLI prints one line and exits 2)."""
     settings = settings_from_args(args)
     try:
+        initial: tuple[Measurement, ...] = ()
         if not settings.model:
-            settings = replace(settings, model=profile_model(settings, launcher))
-        outcome = tune(settings, launcher)
+            profiled = profile_model(settings, launcher)
+            settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len)
+            initial = (profiled.measurement,) if profiled.measurement else ()
+        outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:
         print("zerotune tune: interrupted; every rank was stopped. Rerun the same command to resume.", file=sys.stderr)
         return 130

@@ -1,0 +1,249 @@
+"""Read a transformer's architecture from its torch module: what `zerotune tune`'s profiling run learns about the
+user's model (calibrate/profiling_site/sitecustomize.py calls `describe` once DeepSpeed's engine exists).
+
+Returns plain data, the fields of zerotune.predictor.model.ModelSpec plus what was read and what was assumed, so the
+tuner side never imports torch. A Hugging Face model's `config` is used directly when present (the same keys
+zerotune.predictor.catalog reads from a config.json); otherwise the structure is read from the modules:
+
+- the token embedding is the nn.Embedding with the most rows (vocabulary x hidden); positions and token types
+  are the other embeddings of the same width, told apart by name;
+- the repeated block is the nn.ModuleList of identical modules holding the most parameters; its length is the
+  depth;
+- inside one block, nn.Linear shapes give the attention projections (h -> h, fused h -> 3h, or h -> kv for
+  grouped K/V), the MLP width (h -> f) and a gated MLP (two h -> f projections); nn.MultiheadAttention gives
+  its heads, otherwise an attribute named like num_heads / n_head on the attention module does;
+- the LM head is a Linear h -> vocabulary; tied when its weight is the embedding's tensor; an h -> h Linear outside
+  the blocks (not a pooler) beside it is a masked-LM transform (BERT).
+
+This file imports only torch: the profiling hook loads it by path so no zerotune package name enters the
+user's process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["describe", "find_blocks", "HEAD_DIM_ASSUMED"]
+
+HEAD_DIM_ASSUMED = 64
+"""Heads of 64 (GPT-2, BERT, Llama) when no module states its head count."""
+_HEAD_ATTRS = ("num_heads", "n_head", "num_attention_heads", "n_heads", "nhead", "num_head")
+_KV_HEAD_ATTRS = ("num_kv_heads", "num_key_value_heads", "n_kv_heads", "n_kv_head", "num_kv_head")
+
+
+def _numel(p: torch.Tensor) -> int:
+    return int(getattr(p, "ds_numel", 0) or p.numel())  # ZeRO-3 partitions leave numel() at 0
+
+
+def _shape(p: torch.Tensor) -> tuple[int, ...]:
+    shape = getattr(p, "ds_shape", None)  # the full shape of a ZeRO-3 partitioned parameter
+    return tuple(int(d) for d in (shape if shape is not None and _numel(p) != p.numel() else p.shape))
+
+
+def _params(module: nn.Module) -> int:
+    return sum(_numel(p) for p in module.parameters())
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """(name, list) of the repeated transformer block: the ModuleList of one class with the most parameters."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) < 1:
+            continue
+        if len({type(m) for m in mod}) != 1 or not any(isinstance(m, (nn.Linear, nn.MultiheadAttention))
+                                                         for m in mod[0].modules()):
+            continue
+        count = _params(mod)
+        if best is None or count > best[0]:
+            best = (count, name, mod)
+    return (best[1], best[2]) if best else None
+
+
+def _hf_config(model: nn.Module) -> dict[str, Any] | None:
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    doc = to_dict()
+    doc["_attn_implementation"] = getattr(config, "_attn_implementation", None)
+    return {k: v for k, v in doc.items() if isinstance(v, (int, float, str, bool, type(None), list))}
+
+
+def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding, dict[str, nn.Embedding]]:
+    inside = {id(m) for m in blocks.modules()}
+    embs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding) and id(m) not in inside]
+    if not embs:
+        raise LookupError("no nn.Embedding outside the repeated blocks (no token embedding found)")
+    name, tokens = max(embs, key=lambda e: e[1].num_embeddings)
+    others: dict[str, nn.Embedding] = {}
+    for n, m in embs:
+        if m is tokens or m.embedding_dim != tokens.embedding_dim:
+            continue
+        kind = "token_types" if any(w in n.lower() for w in ("type", "segment")) else "positions"
+        others.setdefault(kind, m)
+    return tokens, others
+
+
+def _heads(block: nn.Module, hidden: int, notes: dict[str, list[str]]) -> tuple[int, int | None]:
+    """(heads, kv heads or None) from nn.MultiheadAttention or an attribute of the block's modules."""
+    for mod in block.modules():
+        if isinstance(mod, nn.MultiheadAttention):
+            notes["read"].append(f"heads {mod.num_heads} from nn.MultiheadAttention")
+            return int(mod.num_heads), None
+    for mod in block.modules():
+        for attr in _HEAD_ATTRS:
+            value = getattr(mod, attr, None)
+            if isinstance(value, int) and value > 0 and hidden % value == 0:
+                kv = next((getattr(mod, a) for a in _KV_HEAD_ATTRS if isinstance(getattr(mod, a, None), int)), None)
+                notes["read"].append(f"heads {value} from {type(mod).__name__}.{attr}")
+                return value, kv
+    notes["assumed"].append(f"heads of {HEAD_DIM_ASSUMED} ({hidden // HEAD_DIM_ASSUMED} heads): no module states them")
+    return max(1, hidden // HEAD_DIM_ASSUMED), None
+
+
+def _mha_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
+    out = []
+    for mod in block.modules():
+        if isinstance(mod, nn.MultiheadAttention) and mod.in_proj_weight is not None:
+            n_out, n_in = _shape(mod.in_proj_weight)
+            out.append(("attn.in_proj", n_in, n_out, mod.in_proj_bias is not None))
+    return out
+
+
+def _block_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
+    """(name, in, out, bias) of every linear map of one block, nn.MultiheadAttention's fused in-projection included."""
+    out = _mha_linears(block)
+    for name, mod in block.named_modules():
+        if isinstance(mod, nn.Linear):
+            n_out, n_in = _shape(mod.weight)
+            out.append((name, n_in, n_out, mod.bias is not None))
+    return out
+
+
+def _attention_and_mlp(linears: list[tuple[str, int, int, bool]], h: int, head_dim: int,
+                       notes: dict[str, list[str]]) -> dict[str, Any]:
+    """Attention projections and MLP from the block's linear shapes."""
+    down = [l for l in linears if l[2] == h and l[1] != h]
+    ffn = down[0][1] if down else 0
+    up = [l for l in linears if l[1] == h and l[2] == ffn]
+    if not up:
+        raise LookupError(f"no MLP (h -> f, f -> h linears) among the block's linears {[l[:3] for l in linears]}")
+    square = [l for l in linears if l[1] == h and l[2] == h]
+    fused = [l for l in linears if l[1] == h and h < l[2] <= 3 * h and l[2] != ffn and (l[2] - h) % (2 * head_dim) == 0]
+    narrow = [l for l in linears if l[1] == h and l[2] < h and l[2] % head_dim == 0]
+    gated = sum(1 for l in up if l[2] == ffn) >= 2
+    if fused:
+        kv_dim = (fused[0][2] - h) // 2
+        qkv_bias = fused[0][3]
+    elif narrow:
+        kv_dim, qkv_bias = narrow[0][2], narrow[0][3]
+    else:
+        kv_dim, qkv_bias = h, (square[0][3] if square else True)
+    out_proj = [l for l in square if "out" in l[0] or "o_proj" in l[0] or "proj" == l[0].split(".")[-1]] or square[-1:]
+    notes["read"].append(f"block linears: {', '.join(f'{n} {i}->{o}' for n, i, o, _ in linears)}")
+    notes["read"].append(f"MLP width {ffn}{' (gated)' if gated else ''}, K/V width {kv_dim}")
+    return {"ffn_hidden_size": ffn, "gated_mlp": gated, "kv_dim": kv_dim, "qkv_bias": bool(qkv_bias),
+            "out_bias": bool(out_proj[0][3]) if out_proj else True, "mlp_bias": bool(down[0][3])}
+
+
+def _is_norm(mod: nn.Module) -> bool:
+    return isinstance(mod, (nn.LayerNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) or "norm" in type(mod).__name__.lower()
+
+
+def _norm_kind(block: nn.Module) -> str:
+    norms = [m for m in block.modules() if _is_norm(m) and m is not block]
+    rms = any("rms" in type(m).__name__.lower() for m in norms)
+    return "rmsnorm" if rms else "layernorm"
+
+
+def _outside_norms(model: nn.Module, blocks: nn.Module) -> tuple[bool, bool]:
+    """(embedding norm, final norm): norms outside the blocks, by name."""
+    inside = {id(m) for m in blocks.modules()}
+    names = [n.lower() for n, m in model.named_modules() if _is_norm(m) and id(m) not in inside and n]
+    emb = any("emb" in n for n in names)
+    final = any(not any(w in n for w in ("emb", "head", "cls", "pred", "pooler", "transform")) for n in names)
+    return emb, final
+
+
+def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str, Any]:
+    """head ('lm' | 'pooler' | 'none'), tied, and for an LM head its bias and an h x h transform before it (BERT's
+    masked-LM head: dense + norm, transformers BertPredictionHeadTransform)."""
+    inside = {id(m) for m in blocks.modules()}
+    h, vocab = tokens.embedding_dim, tokens.num_embeddings
+    outside = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
+    lm = [m for _, m in outside if _shape(m.weight) == (vocab, h)]
+    square = [n for n, m in outside if _shape(m.weight) == (h, h)]
+    if lm:
+        transform = any("pool" not in n.lower() for n in square)
+        return {"head": "lm", "tied_embeddings": lm[0].weight is tokens.weight, "head_bias": lm[0].bias is not None,
+                "head_transform": transform}
+    return {"head": "pooler" if square else "none", "tied_embeddings": False}
+
+
+def _params_by_kind(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str, int]:
+    inside = {id(p) for p in blocks.parameters()}
+    emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    kinds = {"blocks": 0, "embeddings": 0, "other": 0}
+    for p in model.parameters():
+        kind = "blocks" if id(p) in inside else "embeddings" if id(p) in emb else "other"
+        kinds[kind] += _numel(p)
+    return kinds
+
+
+def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
+    found = find_blocks(model)
+    if found is None:
+        raise LookupError("no repeated block (an nn.ModuleList of identical modules with linear layers)")
+    name, blocks = found
+    tokens, others = _embeddings(model, blocks)
+    h = tokens.embedding_dim
+    notes["read"].append(f"{len(blocks)} x {type(blocks[0]).__name__} at {name or 'the model'}")
+    notes["read"].append(f"token embedding {tokens.num_embeddings} x {h}")
+    heads, kv_heads = _heads(blocks[0], h, notes)
+    mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes)
+    kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // (h // heads))
+    mlp.pop("kv_dim", None)
+    head = _head(model, blocks, tokens)
+    emb_norm, final_norm = _outside_norms(model, blocks)
+    doc: dict[str, Any] = {"num_layers": len(blocks), "hidden_size": h, "num_heads": heads, "num_kv_heads": kv_heads,
+                           "vocab_size": tokens.num_embeddings, **mlp, "norm": _norm_kind(blocks[0]),
+                           **head, "embedding_norm": emb_norm, "final_norm": final_norm,
+                           "dropout": any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks[0].modules())}
+    if "positions" in others:
+        doc.update(position_embedding="learned", max_position_embeddings=others["positions"].num_embeddings)
+        notes["read"].append(f"learned positions {others['positions'].num_embeddings}")
+    else:
+        rotary = any("rotary" in type(m).__name__.lower() or hasattr(m, "inv_freq") for m in model.modules())
+        doc["position_embedding"] = "rotary" if rotary else "none"
+        notes["assumed"].append(f"no position table: {doc['position_embedding']} positions")
+    if "token_types" in others:
+        doc["type_vocab_size"] = others["token_types"].num_embeddings
+    return doc
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """A Hugging Face model's own switch (transformers 5 renamed is_gradient_checkpointing, which now warns)."""
+    attr = next((a for a in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(model), a)), None)
+    return bool(getattr(model, attr, False)) if attr else False
+
+
+def describe(model: nn.Module) -> dict[str, Any]:
+    """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'num_params',
+    'params_by_kind', 'dtype', 'gradient_checkpointing'}; 'structure' is None when it cannot be read."""
+    notes: dict[str, list[str]] = {"read": [], "assumed": []}
+    out: dict[str, Any] = {"hf_config": _hf_config(model), "structure": None, "error": ""}
+    try:
+        out["structure"] = _structure(model, notes)
+    except LookupError as exc:
+        out["error"] = str(exc)
+    found = find_blocks(model)
+    if found is not None and out["structure"] is not None:
+        tokens, _ = _embeddings(model, found[1])
+        out["params_by_kind"] = _params_by_kind(model, found[1], tokens)
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
+    out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
+               gradient_checkpointing=_checkpointing(model))
+    return out

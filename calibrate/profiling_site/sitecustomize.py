@@ -1,0 +1,232 @@
+"""Loaded by Python at start-up in every process of `zerotune tune`'s profiling run (this folder is first on
+PYTHONPATH only for that run, with ZEROTUNE_PROFILE_OUT naming where to write). The user's script is not changed.
+
+When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has built the engine:
+- rank 0 writes <out>.model.json: calibrate/inspect_model.py's reading of engine.module (loaded by file path, so
+  no zerotune package name enters the user's process);
+- every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes (a forward
+  pre-hook), forward calls of the first block per micro-step (2 when activation checkpointing recomputes it in
+  backward), the bytes the first block keeps for backward in its first forward (saved-tensor hooks), calls to
+  scaled_dot_product_attention and their dropout, wall seconds per optimizer step and the peak memory so far
+  (CPU: peak resident set size, getrusage; accelerators: max_memory_allocated).
+Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
+along sys.path (a site's own) still runs, after this one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+_OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
+KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
+
+
+def _write(path: str, doc: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as out:
+        json.dump(doc, out, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def _inspect_module() -> Any:
+    spec = importlib.util.spec_from_file_location("_zerotune_inspect_model", _HERE.parent / "inspect_model.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _peak_memory_bytes() -> float:
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    if acc.device_name() == "cpu":
+        return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB)
+    return float(acc.max_memory_allocated())
+
+
+def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    import torch
+    values = list(args) + list(kwargs.items())
+    out = []
+    for value in values:
+        name, tensor = value if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) else ("", value)
+        if isinstance(tensor, dict):  # a batch passed as one mapping
+            out += _shapes((), tensor)
+        elif isinstance(tensor, (list, tuple)):
+            out += _shapes(tuple(tensor), {})
+        elif isinstance(tensor, torch.Tensor):
+            out.append({"name": name, "shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", "")})
+    return out
+
+
+def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    def pre_forward(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        state["forward_calls"] += 1
+        state["step_start"] = state["step_start"] or time.perf_counter()
+        if state["inputs"] is None:
+            state["inputs"] = _shapes(args, kwargs)
+    engine.module.register_forward_pre_hook(pre_forward, with_kwargs=True)
+    if blocks is not None:
+        def count(*_: Any) -> None:
+            state["block_calls"] += 1
+        blocks[0].register_forward_pre_hook(count)
+        _count_saved(engine.module, blocks[0], state)
+    sdpa = F.scaled_dot_product_attention
+
+    @functools.wraps(sdpa)
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        state["sdpa_calls"] += 1
+        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+        state["sdpa_dropout_p"] = max(state["sdpa_dropout_p"], float(dropout or 0.0))
+        return sdpa(*args, **kwargs)
+    F.scaled_dot_product_attention = counted  # multi_head_attention_forward looks it up in F's globals
+
+
+def _count_saved(module: Any, block: Any, state: dict[str, Any]) -> None:
+    """Bytes the first block keeps for backward in its first forward with gradients: every tensor autograd saves
+    (torch.autograd.graph.saved_tensors_hooks), each storage once, parameters (and views of them) left out."""
+    import torch
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = tensor.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+            key, size = id(tensor), tensor.numel() * tensor.element_size()
+        if key not in params and key not in seen:
+            seen.add(key)
+            state["block_saved_bytes"] += size
+        return tensor
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+    active: list[bool] = []
+
+    def enter(*_: Any) -> None:
+        if not active and state["block_saved_calls"] == 0 and torch.is_grad_enabled():
+            hooks.__enter__()
+            active.append(True)
+
+    def leave(*_: Any) -> None:
+        if active:
+            hooks.__exit__(None, None, None)
+            active.clear()
+            state["block_saved_calls"] = 1
+    block.register_forward_pre_hook(enter)
+    block.register_forward_hook(leave)
+
+
+def _wrap_step(engine: Any, state: dict[str, Any], path: str) -> None:
+    step = engine.step
+
+    @functools.wraps(step)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        boundary = bool(engine.is_gradient_accumulation_boundary())
+        try:
+            return step(*args, **kwargs)
+        finally:  # DeepSpeed's autotuning exits inside step at end_profile_step (runtime/engine.py _autotuning_exit)
+            if boundary:
+                now = time.perf_counter()
+                state["step_s"].append(now - state["step_start"])
+                state["step_start"] = now
+                state["peak_memory_bytes"] = _peak_memory_bytes()
+                state["micro_steps_per_step"] = int(engine.gradient_accumulation_steps())
+                state["train_micro_batch_size_per_gpu"] = int(engine.train_micro_batch_size_per_gpu())
+                _write(path, state)
+    engine.step = timed
+
+
+def _attach(engine: Any) -> None:
+    rank = int(getattr(engine, "global_rank", 0))
+    state: dict[str, Any] = {"rank": rank, "inputs": None, "forward_calls": 0, "block_calls": 0, "sdpa_calls": 0,
+                             "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "step_s": [],
+                             "step_start": 0.0, "peak_memory_bytes": None,
+                             "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1))}
+    inspect = _inspect_module()
+    blocks = inspect.find_blocks(engine.module)
+    if rank == 0:
+        try:
+            doc = inspect.describe(engine.module)
+        except Exception as exc:  # noqa: BLE001 - an unreadable model is reported, the user's run goes on
+            doc = {"structure": None, "error": f"{type(exc).__name__}: {exc}"}
+        _write(f"{_OUT}.model.json", doc)
+    from deepspeed.accelerator import get_accelerator
+    state["peak_memory_kind"] = ("peak RSS of the rank's process (getrusage)" if get_accelerator().device_name() == "cpu"
+                                 else "max_memory_allocated")
+    _hooks(engine, state, blocks[1] if blocks else None)
+    _wrap_step(engine, state, f"{_OUT}.rank{rank}.json")
+
+
+def _patch(deepspeed: Any) -> None:
+    initialize = deepspeed.initialize
+
+    @functools.wraps(initialize)
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        result = initialize(*args, **kwargs)
+        try:
+            _attach(result[0])
+        except Exception as exc:  # noqa: BLE001 - the profile is lost, never the user's run
+            _write(f"{_OUT}.error{os.getpid()}.json", {"error": f"{type(exc).__name__}: {exc}"})
+        return result
+    deepspeed.initialize = profiled
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds `deepspeed` through the other finders, then patches it right after its own code has run. It stays on
+    sys.meta_path until then: availability checks (transformers' is_deepspeed_available calls
+    importlib.util.find_spec) ask for a spec they never execute."""
+
+    def __init__(self) -> None:
+        self._looking = False
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "deepspeed" or self._looking:
+            return None
+        self._looking = True  # importlib.util.find_spec asks every finder, this one included
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._looking = False
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def patched(module: Any) -> None:
+            exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _patch(module)
+        spec.loader.exec_module = patched  # type: ignore[method-assign]
+        return spec
+
+
+def _chain() -> None:
+    """Run the next sitecustomize on sys.path, which this one shadows."""
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "sitecustomize.py"
+        if candidate.resolve().parent == _HERE or not candidate.is_file():
+            continue
+        spec = importlib.util.spec_from_file_location("_site_sitecustomize", candidate)
+        if spec and spec.loader:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        return
+
+
+if _OUT:
+    if "deepspeed" in sys.modules:
+        _patch(sys.modules["deepspeed"])
+    else:
+        sys.meta_path.insert(0, _PatchOnImport())
+_chain()

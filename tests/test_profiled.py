@@ -1,0 +1,174 @@
+"""The profiling run reads the user's model: zerotune.calibrate.inspect_model on the fixture scripts' modules, the files the
+profiling hook writes turned into model_profiled.yaml and a measurement (zerotune.validate.profiled), and the one-line
+error for a model whose structure cannot be read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from zerotune.predictor import load_model
+from zerotune.validate.profiled import PROFILING_SITE, model_yaml, profiling_env, read_profiled
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+from zerotune.calibrate.inspect_model import describe  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts"
+
+
+def _script(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(f"fixture_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _write_profile(prefix: Path, model: torch.nn.Module, inputs: list[dict], **rank0) -> None:
+    Path(f"{prefix}.model.json").write_text(json.dumps(describe(model), default=str))
+    state = {"rank": 0, "inputs": inputs, "forward_calls": 3, "block_calls": 3, "sdpa_calls": 0, "sdpa_dropout_p": 0.0,
+             "step_s": [2.0, 1.0, 1.2], "peak_memory_bytes": 1e9, "peak_memory_kind": "peak RSS", **rank0}
+    Path(f"{prefix}.rank0.json").write_text(json.dumps(state))
+    Path(f"{prefix}.rank1.json").write_text(json.dumps({**state, "rank": 1, "peak_memory_bytes": 1.5e9}))
+
+
+def test_encoder_structure_is_read_from_nn_multihead_attention() -> None:
+    doc = describe(_script("encoder_mlm").MaskedLM())
+    s = doc["structure"]
+    # the fixture's constants: 4 layers, width 384, 6 heads, MLP 1536, vocabulary 8192, 512 positions, 2 token types
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["num_kv_heads"]) == (4, 384, 6, 6)
+    assert (s["ffn_hidden_size"], s["vocab_size"], s["max_position_embeddings"], s["type_vocab_size"]) == \
+        (1536, 8192, 512, 2)
+    assert s["tied_embeddings"] and s["embedding_norm"] and not s["gated_mlp"] and s["norm"] == "layernorm"
+    assert doc["num_params"] == sum(p.numel() for p in _script("encoder_mlm").MaskedLM().parameters())
+
+
+def test_decoder_grouped_kv_and_gated_mlp_are_read_from_linear_shapes() -> None:
+    doc = describe(_script("decoder_lm").Decoder())
+    s = doc["structure"]
+    # 6 blocks of width 256, 8 heads sharing 2 K/V heads (k_proj 256 -> 64), SwiGLU 704, untied head, no biases
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["num_kv_heads"]) == (6, 256, 8, 2)
+    assert (s["ffn_hidden_size"], s["gated_mlp"], s["vocab_size"], s["tied_embeddings"]) == (704, True, 6000, False)
+    assert s["norm"] == "rmsnorm" and s["position_embedding"] == "rotary" and not s["qkv_bias"]
+
+
+@pytest.mark.parametrize("script, cls, counted_rel", [
+    ("decoder_lm", "Decoder", 0.0),        # every tensor is one ModelSpec.tensors() lists
+    ("encoder_mlm", "MaskedLM", 0.0),      # the MLM head: transform (h x h + norm) and the vocabulary bias counted
+])
+def test_profiled_yaml_loads_and_counts_the_parameters(tmp_path: Path, script: str, cls: str, counted_rel: float) -> None:
+    model = getattr(_script(script), cls)()
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [4, 97], "dtype": "int64"}])
+    run = read_profiled(prefix, f"profiled-{script}", 2)
+    assert (run.micro_batch, run.seq_len, run.peak_memory_bytes) == (4, 97, 1.5e9)  # the largest rank's peak
+    path = tmp_path / "model_profiled.yaml"
+    path.write_text(model_yaml(run, "test"))
+    spec = load_model(str(path))
+    counted = sum(p.numel() for p in model.parameters())
+    assert spec.num_params == pytest.approx(counted, rel=counted_rel, abs=0)
+    assert "# read: " in path.read_text() and spec.max_position_embeddings >= 97
+
+
+def test_checkpointing_and_fused_attention_are_read_from_the_first_step(tmp_path: Path) -> None:
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}]
+    _write_profile(prefix, _script("decoder_lm").Decoder(), inputs, block_calls=6, sdpa_calls=36)
+    run = read_profiled(prefix, "d", 2)
+    assert run.activation_checkpointing and run.model.attention == "flash" and run.seq_len == 64
+
+
+def test_hugging_face_config_is_used_directly(tmp_path: Path) -> None:
+    model = _script("decoder_lm").Decoder()
+    hf = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "num_hidden_layers": 6, "intermediate_size": 704, "vocab_size": 6000, "max_position_embeddings": 1024}
+    model.config = SimpleNamespace(to_dict=lambda: dict(hf))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}])
+    run = read_profiled(prefix, "hf", 2)
+    assert run.model.max_position_embeddings == 1024 and run.model.gated_mlp and "Hugging Face config" in run.read[0]
+
+
+def test_an_unreadable_model_says_so_in_one_line(tmp_path: Path) -> None:
+    conv = torch.nn.Sequential(torch.nn.Conv1d(8, 8, 3), torch.nn.ReLU(), torch.nn.Conv1d(8, 8, 3))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, conv, [])
+    with pytest.raises(ValueError, match="cannot read this model's structure \\(no repeated block") as err:
+        read_profiled(prefix, "conv", 2)
+    assert "\n" not in str(err.value)
+
+
+def test_profiling_env_puts_the_site_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/user/lib")
+    env = profiling_env({"DS_ACCELERATOR": "cpu"}, Path("/r/profiled"))
+    assert env["PYTHONPATH"].split(":") == [str(PROFILING_SITE), "/user/lib"]
+    assert env["ZEROTUNE_PROFILE_OUT"] == "/r/profiled" and env["DS_ACCELERATOR"] == "cpu"
+
+
+_PROBE_THEN_IMPORT = """
+import importlib.util, sys
+assert importlib.util.find_spec("deepspeed") is not None  # transformers' is_deepspeed_available, before the import
+import deepspeed
+print(hasattr(deepspeed.initialize, "__wrapped__"))
+"""
+
+
+def test_the_hook_survives_an_availability_check_before_the_import(tmp_path: Path) -> None:
+    """The Hugging Face Trainer asks importlib.util.find_spec("deepspeed") long before importing it (seen: the
+    profiling run of a Trainer script wrote no model file)."""
+    import subprocess
+    import sys
+    env = {**profiling_env({"DS_ACCELERATOR": "cpu"}, tmp_path / "profiled"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", _PROBE_THEN_IMPORT], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_hugging_face_masked_lm_keeps_its_head_from_the_modules(tmp_path: Path) -> None:
+    """BertForMaskedLM: the config (model_type bert) says 'pooler'; the modules have an MLM head and no pooler."""
+    pytest.importorskip("transformers")
+    module = _script("hf_trainer_mlm")
+    from transformers import BertConfig, BertForMaskedLM
+    model = BertForMaskedLM(BertConfig(vocab_size=module.VOCAB, hidden_size=module.HIDDEN, num_hidden_layers=module.LAYERS,
+                                       num_attention_heads=module.HEADS, intermediate_size=module.FFN,
+                                       max_position_embeddings=module.POSITIONS))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, module.SEQ], "dtype": "int64"}])
+    run = read_profiled(prefix, "hf-bert", 2)
+    m = run.model
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size) == (3, 320, 5, 1280, 5000)
+    assert (m.head, m.tied_embeddings, m.head_transform, m.head_bias) == ("lm", True, True, True)
+    assert m.num_params == sum(p.numel() for p in model.parameters())  # every tensor, counted once
+
+
+def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_path: Path) -> None:
+    """The profiling hook counts what autograd saves in the first block (saved-tensor hooks); the model's
+    activation_scale then makes the formula give exactly that for the script's own code."""
+    from zerotune.predictor.activations import layer_activation_bytes
+    spec = importlib.util.spec_from_file_location("zt_site_test", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    module = _script("encoder_mlm")
+    model = module.MaskedLM()
+    state = {"block_saved_bytes": 0, "block_saved_calls": 0}
+    site._count_saved(model, model.encoder.layers[0], state)
+    ids = torch.randint(5, module.VOCAB, (2, module.SEQ))
+    model({"input_ids": ids, "labels": ids}).backward()
+    saved = state["block_saved_bytes"]
+    model({"input_ids": ids, "labels": ids})
+    assert state["block_saved_bytes"] == saved  # only the first forward is counted
+    # at least the formula's tensors (Korthikanti et al. 2022 eq. 2 in fp32): PyTorch's eager attention keeps more
+    assert saved > layer_activation_bytes(load_model("bert-base").replace(
+        hidden_size=384, num_heads=6, num_kv_heads=6, ffn_hidden_size=1536), 2, module.SEQ, 4)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, module.SEQ], "dtype": "int64"}],
+                   block_saved_bytes=saved)
+    run = read_profiled(prefix, "enc", 2)
+    assert run.model.activation_scale > 1.0
+    assert layer_activation_bytes(run.model, 2, module.SEQ, 4) == pytest.approx(saved, rel=1e-3)
+    assert any("kept" in line and "for backward" in line for line in run.read)

@@ -1,0 +1,175 @@
+"""What `zerotune tune`'s profiling run read from the user's process, turned into a model YAML and a measurement.
+
+The run (zerotune.validate.tune.profile_model) is the user's script under DeepSpeed's launcher with
+calibrate/profiling_site first on PYTHONPATH: its sitecustomize wraps deepspeed.initialize and writes
+<prefix>.model.json (the engine module's structure, calibrate/inspect_model.py) and <prefix>.rank<R>.json (the
+first micro-batch's input shapes, block forward calls, attention kernel calls, step times and peak memory).
+This module reads those files; it imports no torch.
+
+model_profiled.yaml carries only ModelSpec keys (zerotune.predictor.catalog.load_model reads it); what was read and what
+was assumed are its leading comment lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from zerotune.predictor.activations import layer_activation_bytes
+from zerotune.predictor.catalog import model_from_hf_dict
+from zerotune.predictor.model import ModelSpec
+
+__all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "model_yaml"]
+
+PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
+RECOMPUTED_CALLS = 2
+"""Forward calls of the first block per micro-step when activation checkpointing recomputes it in backward."""
+_HEAD_KEYS = ("head", "tied_embeddings", "head_transform", "head_bias")
+"""What a Hugging Face config cannot say (BertModel, BertForMaskedLM and BertForPreTraining share one) and the
+modules can (calibrate/inspect_model.py _head)."""
+
+
+@dataclass(frozen=True)
+class ProfiledRun:
+    """What one profiling run read and measured."""
+
+    model: ModelSpec
+    read: tuple[str, ...]
+    assumed: tuple[str, ...]
+    seq_len: int | None
+    """The input's second dimension (tokens per sample), None when no 2-D integer input was seen."""
+    micro_batch: int | None
+    num_params: int
+    params_by_kind: Mapping[str, int]
+    dtype: str
+    activation_checkpointing: bool
+    step_s: tuple[float, ...]
+    """Wall seconds per optimizer step on rank 0, the first (warm-up) included."""
+    peak_memory_bytes: float | None
+    """The largest rank's peak (CPU: peak resident set size; accelerators: max_memory_allocated)."""
+
+
+def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
+    """The run's added environment: the profiling site first on PYTHONPATH, the output prefix."""
+    path = os.pathsep.join(p for p in (str(PROFILING_SITE), env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))) if p)
+    return {**env, "PYTHONPATH": path, "ZEROTUNE_PROFILE_OUT": str(prefix)}
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
+    """(micro-batch, tokens) of the first 2-D integer tensor the model's forward received."""
+    for item in inputs or []:
+        if len(item["shape"]) == 2 and item["dtype"].startswith(("int", "uint")):
+            return int(item["shape"][0]), int(item["shape"][1])
+    return None
+
+
+def _attention(rank0: Mapping[str, Any], read: list[str], assumed: list[str]) -> str:
+    """'flash' when the model called scaled_dot_product_attention without dropout (or on an accelerator), where
+    PyTorch picks a fused kernel that keeps no s x s scores; else 'eager'."""
+    calls, dropout = int(rank0.get("sdpa_calls", 0)), float(rank0.get("sdpa_dropout_p", 0.0))
+    if calls == 0:
+        assumed.append("attention materialises its scores (no scaled_dot_product_attention call seen)")
+        return "eager"
+    cpu = "RSS" in str(rank0.get("peak_memory_kind", ""))
+    kind = "flash" if dropout == 0.0 or not cpu else "eager"
+    read.append(f"scaled_dot_product_attention called {calls} times, dropout {dropout:g}: {kind} attention")
+    return kind
+
+
+def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: list[str],
+          assumed: list[str]) -> ModelSpec:
+    hf = model_doc.get("hf_config")
+    structure = model_doc.get("structure")
+    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")):
+        read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
+        spec = model_from_hf_dict(hf, name, "")
+        if structure and structure.get("hidden_size") == spec.hidden_size:  # the config names the family, the
+            head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
+            read.append(f"head from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
+            spec = spec.replace(**head)
+        return spec
+    if not structure:
+        raise LookupError(model_doc.get("error") or "no structure recorded")
+    doc = dict(structure)
+    if "max_position_embeddings" not in doc:
+        doc["max_position_embeddings"] = seq_len or 2048
+        assumed.append(f"max_position_embeddings {doc['max_position_embeddings']} (the input's length)")
+    return ModelSpec(name=name, **doc)
+
+
+def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[int, int] | None, dtype: str,
+                      read: list[str]) -> float:
+    """Measured over formula bytes the first block kept for backward at the first micro-batch (1.0 when nothing
+    was measured: no token input, or checkpointing ran the block without gradients)."""
+    saved = float(rank0.get("block_saved_bytes") or 0)
+    if not saved or tokens is None:
+        return 1.0
+    act_bytes = 2 if any(t in dtype for t in ("bfloat16", "float16")) else 4
+    formula = layer_activation_bytes(spec.replace(activation_scale=1.0), tokens[0], tokens[1], act_bytes)
+    read.append(f"the first block kept {saved / 2**20:.3g} MiB for backward at {tokens[0]} x {tokens[1]} tokens, "
+                f"the formula {formula / 2**20:.3g} MiB: activations x {saved / formula:.3g}")
+    return saved / formula
+
+
+def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
+    """The profiling run's files read back; ValueError (one line) when the model's structure could not be read."""
+    model_doc = _load(Path(f"{prefix}.model.json"))
+    ranks = [d for d in (_load(Path(f"{prefix}.rank{r}.json")) for r in range(world_size)) if d]
+    if model_doc is None:
+        raise ValueError("the profiling run did not reach deepspeed.initialize")
+    rank0 = next((d for d in ranks if d.get("rank") == 0), {})
+    read, assumed = list(model_doc.get("read", [])), list(model_doc.get("assumed", []))
+    tokens = _token_input(rank0.get("inputs"))
+    if tokens:
+        read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
+    try:
+        spec = _spec(model_doc, name, tokens[1] if tokens else None, read, assumed)
+    except (LookupError, ValueError, TypeError) as exc:
+        raise ValueError(f"cannot read this model's structure ({exc})") from None
+    spec = spec.replace(attention=_attention(rank0, read, assumed))
+    spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens, str(model_doc.get("dtype", "")),
+                                                                 read), 4))
+    per_step = int(rank0.get("forward_calls") or 0)
+    recompute = per_step > 0 and int(rank0.get("block_calls") or 0) >= RECOMPUTED_CALLS * per_step
+    if recompute:
+        read.append("activation checkpointing: on (the first block runs again in backward)")
+    peaks = [float(d["peak_memory_bytes"]) for d in ranks if d.get("peak_memory_bytes")]
+    return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
+                       int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
+                       str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
+                       max(peaks) if peaks else None)
+
+
+def median_step_s(run: ProfiledRun) -> float | None:
+    """The median wall step after the first (which pays for warm-up), or the first when it is alone."""
+    steps = run.step_s[1:] or run.step_s
+    return statistics.median(steps) if steps else None
+
+
+def model_yaml(run: ProfiledRun, source: str) -> str:
+    """model_profiled.yaml: the ModelSpec's keys, preceded by comment lines saying what was read and assumed."""
+    spec = run.model.replace(source=source)
+    lines = [f"# read: {r}" for r in run.read] + [f"# assumed: {a}" for a in run.assumed]
+    kinds = ", ".join(f"{k} {v:,}" for k, v in run.params_by_kind.items())
+    lines.append(f"# parameters counted in the process: {run.num_params:,} ({kinds or 'by kind unknown'}), dtype "
+                 f"{run.dtype or '?'}; this description holds {spec.num_params:,}")
+    if run.activation_checkpointing:
+        lines.append("# the script checkpoints activations itself: give the ds_config an activation_checkpointing "
+                     "section so the memory model counts it")
+    doc = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec)}
+    return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)
