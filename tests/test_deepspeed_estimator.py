@@ -31,7 +31,7 @@ stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
 
 pytestmark = pytest.mark.deepspeed
 
-JOBS = [("gpt2-large", 1, 16), ("gpt2-xl", 2, 8), ("llama-2-7b", 4, 8), ("bert-large", 1, 4)]
+JOBS = [("gpt2-large", 1, 8), ("gpt2-xl", 2, 8), ("llama-2-7b", 4, 8), ("bert-large", 1, 4)]
 
 
 def _state_total(job, cfg) -> float:
