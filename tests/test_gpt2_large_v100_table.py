@@ -18,10 +18,6 @@ from tests.conftest import make_job
 
 MEASURED = {1: (3, 87.3017), 2: (3, 77.8338), 0: (2, 59.0229)}
 """stage: (micro-batch, samples/s)"""
-ZERO2_GAP = ("at accumulation 1 ZeRO-1 and ZeRO-2 issue the same reductions and the same per-tensor gradient "
-             "bookkeeping (ZeRO-1 at the step boundary, ZeRO-2 in backward), so they are predicted equal; the "
-             "measured 11% gap is not explained by a mechanism yet")
-
 
 @pytest.fixture(scope="module")
 def job():
@@ -49,8 +45,10 @@ def test_zero_0_is_predicted_slowest_of_the_three(job) -> None:
     assert _throughput(job, 0) < min(_throughput(job, 1), _throughput(job, 2))
 
 
-@pytest.mark.xfail(strict=True, reason=ZERO2_GAP)
 def test_measured_order_zero1_zero2_zero0(job) -> None:
+    # ZeRO-2 books every gradient in a hook inside backward (stage_1_and_2.py:2284-2295), ZeRO-1 once after it,
+    # where it costs nothing measurable (predictor/zero_mechanics.py runtime_overhead_s; the H100 probes' backward
+    # timers: stage 2 72.1 ms, stage 1 49.7, stage 0 50.1); ZeRO-0 steps the whole model under FP16_Optimizer.
     assert _throughput(job, 1) > _throughput(job, 2) > _throughput(job, 0)
 
 
