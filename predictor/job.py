@@ -86,9 +86,11 @@ class Efficiency:
     # medium in zerotune's workload, bf16, micro-batch 4, DeepSpeed's fwd / bwd / step timers), where one rank
     # makes every collective a no-op, so each difference between stages is hook and bookkeeping time alone.
     grad_hook_s: float = 5.8e-5
-    """Per parameter tensor per gradient reduction: the hook that copies its gradient into the IPG bucket and
-    books it (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads, stage3.py:1569-1644).
-    Measured: stage 2 backward 72.1 ms against stage 1's 49.7 ms, 22.4 ms over the model's 388 tensors."""
+    """Per parameter tensor per gradient reduction under ZeRO-2 and -3: the hook that copies its gradient into the
+    IPG bucket and books it inside backward (stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
+    stage3.py:1569-1644). Measured: stage 2 backward 72.1 ms against stage 1's 49.7 ms, 22.4 ms over the model's
+    388 tensors; ZeRO-1, whose hooks return at once and which books the gradients once after backward, measured
+    as stage 0 (50.1 ms) and is not charged it (zero_mechanics.runtime_overhead_s)."""
     zero3_module_hook_s: float = 4.1e-4
     """Per submodule per pass (forward, and again in backward): ZeRO-3's pre/post hooks, the autograd
     Functions that carry the backward hooks, and fetch_sub_module / release_sub_module bookkeeping
