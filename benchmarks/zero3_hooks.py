@@ -1,9 +1,11 @@
 """ZeRO-3's host cost per submodule, measured on one CPU rank with a model too narrow to compute anything.
 
     DS_ACCELERATOR=cpu python -m benchmarks.zero3_hooks --layers 16 --variant z3 > out.jsonl
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 -m benchmarks.zero3_hooks --layers 16 --variant z3
 
 One process, world size 1 (DeepSpeed's single-rank path: no collective is issued, partition_parameters.py
-1559-1560), width 32, so the forward / backward / step times are DeepSpeed's and PyTorch's Python alone.
+1559-1560), or under torchrun 2 gloo ranks (the real gather path, _all_gather_coalesced / _all_gather_sequential,
+partition_parameters.py:1595-1598; variant allgather times a bare gloo all_gather of a 32 x 32 tensor), width 32, so the forward / backward / step times are DeepSpeed's and PyTorch's Python alone.
 Variants: z0 (no ZeRO), z2 (the gradient hooks of stages 1-2), z3 (ZeRO-3, persistence threshold 0: every
 tensor is fetched and released) and z3persist (threshold 1e9: nothing is fetched, hooks only). Results and
 their reading: benchmarks/zero3_hooks.md. Not part of the test run.
@@ -19,7 +21,7 @@ import time
 
 __all__ = ["main"]
 
-VARIANTS = {"z0": {"stage": 0}, "z2": {"stage": 2},
+VARIANTS = {"z0": {"stage": 0}, "z2": {"stage": 2}, "allgather": {"stage": 0},
             "z3": {"stage": 3, "stage3_param_persistence_threshold": 0},
             "z3persist": {"stage": 3, "stage3_param_persistence_threshold": 10**9}}
 
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> None:
                        ("MASTER_PORT", args.port)):
         os.environ.setdefault(key, value)
     deepspeed.init_distributed(dist_backend="gloo")
+    if args.variant == "allgather":
+        _bare_allgather(args.steps)
+        return
     spec = ModelSpec(name=f"zt-hooks-{args.layers}", num_layers=args.layers, hidden_size=32, num_heads=2,
                      num_kv_heads=2, ffn_hidden_size=128, vocab_size=64, max_position_embeddings=64, attention="flash")
     zero = VARIANTS[args.variant]
@@ -67,7 +72,26 @@ def main(argv: list[str] | None = None) -> None:
                 times[name].append(value)
     summary = {f"{k}_median": statistics.median(v) for k, v in times.items()}
     summary.update({f"{k}_min": min(v) for k, v in times.items()})
-    print(json.dumps({"variant": args.variant, "layers": args.layers, **summary}))
+    if int(os.environ["RANK"]) == 0:
+        print(json.dumps({"variant": args.variant, "layers": args.layers, "world_size": int(os.environ["WORLD_SIZE"]),
+                          **summary}))
+
+
+def _bare_allgather(steps: int) -> None:
+    """Seconds of one torch.distributed all_gather_into_tensor of a 32 x 32 fp32 tensor: the collective's own
+    per-call cost, to subtract from what DeepSpeed's gather path adds per call."""
+    import torch
+    import torch.distributed as dist
+    world = dist.get_world_size()
+    shard, out, times = torch.ones(32 * 32), torch.empty(32 * 32 * world), []
+    for i in range(steps + 10):
+        t0 = time.perf_counter()
+        dist.all_gather_into_tensor(out, shard)
+        if i >= 10:
+            times.append(time.perf_counter() - t0)
+    if dist.get_rank() == 0:
+        print(json.dumps({"variant": "allgather", "world_size": world, "call_s_median": statistics.median(times),
+                          "call_s_min": min(times)}))
 
 
 if __name__ == "__main__":
