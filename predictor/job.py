@@ -47,9 +47,9 @@ class Efficiency:
     """GEMM efficiency in fp32 relative to gemm_efficiency_scale x the catalog's figure; fitted per precision where
     the measurements have several. Uncalibrated default 1 / 0.7: fp32 GEMMs run on CUDA cores (Volta has no
     TF32, PyTorch leaves TF32 off for matmuls), where cuBLAS reaches the catalog's fp32 figure at ordinary shapes
-    (it is measured there: H100 51 TFLOPS at 2048-4096 in the h100 profile, V100 ~12), so the tensor-core
-    discount of gemm_efficiency_scale is cancelled. On the fit half, bert-base-cased fp32 on 16 V100 goes from
-    0.58-0.69 to 0.80-0.95 of its measured throughput (zerotune.validate.accuracy --half fit)."""
+    (it is measured there: H100 51 TFLOPS at 2048-4096 in the h100 profile, V100 14 in the catalog's source), so
+    the tensor-core discount of gemm_efficiency_scale is cancelled. On the fit half, bert-base-cased fp32 on 16 V100
+    goes from 0.58-0.69 to 0.92-1.05 of its measured throughput (zerotune.validate.accuracy --half fit)."""
     fp16_compute_scale: float = 1.0
     bf16_compute_scale: float = 1.0
     intra_node_bandwidth_efficiency: float = 0.75
