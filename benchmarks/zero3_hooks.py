@@ -7,9 +7,9 @@ One process, world size 1 (DeepSpeed's single-rank path: no collective is issued
 1559-1560), or under torchrun 2 gloo ranks (the real gather path, _all_gather_coalesced / _all_gather_sequential,
 partition_parameters.py:1595-1598), width 32, so the forward / backward / step times are DeepSpeed's and
 PyTorch's Python alone (and, on 2 ranks, gloo's collectives). Variants: z0 (no ZeRO), z2 (the gradient hooks
-of stages 1-2), allgather (a bare gloo all_gather of 32 x 32 floats, the collective's own per-call cost), z3 (ZeRO-3, persistence threshold 0: every
-tensor is fetched and released) and z3persist (threshold 1e9: nothing is fetched, hooks only). Results and
-their reading: benchmarks/zero3_hooks.md. Not part of the test run.
+of stages 1-2), allgather (a bare gloo all_gather of 32 x 32 floats, the collective's own per-call cost),
+z3 (ZeRO-3, persistence threshold 0: every tensor is fetched and released) and z3persist (threshold 1e9:
+nothing is fetched, hooks only). Results and their reading: benchmarks/zero3_hooks.md. Not part of the test run.
 """
 
 from __future__ import annotations
