@@ -8,41 +8,62 @@ reduce_scatter_coalesced (runtime/comm/coalesced_collectives.py:92-118: one slic
 Microseconds per tensor at world sizes 1, 2, 16 and 64 (200 tensors of 4096 floats, CPU, one thread, minimum of
 30 repeats). Results and their reading: benchmarks/zero3_hooks.md. Not part of the test run.
 """
+
+from __future__ import annotations
+
+import json
 import math
 import time
+from typing import Callable
 
-import torch
+__all__ = ["main"]
 
-torch.set_num_threads(1)
-def split_like_wait(partitions, numels, world):  # AllGatherCoalescedHandle.wait's split, partition_parameters.py:772-792
-    off = 0
-    for n in numels:
-        part = math.ceil(n / world); parts = []
+
+def _split_like_wait(partitions: list, numels: list[int], world: int) -> None:
+    """AllGatherCoalescedHandle.wait's split of the gathered partitions into each parameter."""
+    import torch
+    offset = 0
+    for numel in numels:
+        part, pieces = math.ceil(numel / world), []
         for rank in range(world):
             start = rank * part
-            if start < n:
-                parts.append(partitions[rank].narrow(0, off, min(n - start, part)))
-        torch.cat(parts)
-        off += part
-def slices_like_rs(tensors, world):  # reduce_scatter_coalesced's per-tensor, per-rank slicing, coalesced_collectives.py:92-118
-    lst = []
-    for t in tensors:
-        f = t.view(-1); c = math.ceil(t.numel() / world)
-        lst.append([f[r * c:r * c + c] for r in range(world)])
-    out = []
-    for r in range(world):
-        for i in range(len(tensors)):
-            out.append(lst[i][r])
-    return out
-for world in (1, 2, 16, 64):
-    numels = [4096] * 200
-    part = sum(math.ceil(n / world) for n in numels)
-    partitions = [torch.zeros(part) for _ in range(world)]
-    tensors = [torch.zeros(n) for n in numels]
-    res = {}
-    for name, fn in (("wait_split", lambda: split_like_wait(partitions, numels, world)), ("rs_slices", lambda: slices_like_rs(tensors, world))):
-        ts = []
-        for _ in range(30):
-            t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
-        res[name] = min(ts) / len(numels) * 1e6
-    print(world, {k: round(v, 2) for k, v in res.items()}, "us per tensor")
+            if start < numel:
+                pieces.append(partitions[rank].narrow(0, offset, min(numel - start, part)))
+        torch.cat(pieces)
+        offset += part
+
+
+def _slices_like_reduce_scatter(tensors: list, world: int) -> list:
+    """reduce_scatter_coalesced's per-tensor, per-rank slices and their interleaving."""
+    per_tensor = []
+    for tensor in tensors:
+        flat, chunk = tensor.view(-1), math.ceil(tensor.numel() / world)
+        per_tensor.append([flat[r * chunk:r * chunk + chunk] for r in range(world)])
+    return [per_tensor[i][r] for r in range(world) for i in range(len(tensors))]
+
+
+def _us_per_tensor(fn: Callable[[], object], num_tensors: int, repeats: int = 30) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) / num_tensors * 1e6
+
+
+def main() -> None:
+    import torch
+    torch.set_num_threads(1)
+    for world in (1, 2, 16, 64):
+        numels = [4096] * 200
+        part = sum(math.ceil(n / world) for n in numels)
+        partitions = [torch.zeros(part) for _ in range(world)]
+        tensors = [torch.zeros(n) for n in numels]
+        split = _us_per_tensor(lambda: _split_like_wait(partitions, numels, world), len(numels))
+        slices = _us_per_tensor(lambda: _slices_like_reduce_scatter(tensors, world), len(tensors))
+        print(json.dumps({"world_size": world, "gather_split_us_per_tensor": round(split, 2),
+                          "reduce_scatter_slices_us_per_tensor": round(slices, 2)}))
+
+
+if __name__ == "__main__":
+    main()
