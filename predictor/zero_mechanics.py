@@ -48,7 +48,10 @@ _BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 def optimizer_wrapper(cfg: DSConfig) -> OptimizerWrapper:
     """engine.py:2294-2325 (_do_optimizer_sanity_check): ZeRO wraps everything except stage 1 with bf16
     parameters and fp32 gradient accumulation (BF16_Optimizer); without ZeRO, 16-bit models get FP16_Optimizer
-    (bf16 included, DDP_BFLOAT16) unless bf16 runs under pipeline parallelism (BF16_Optimizer)."""
+    (bf16 included, DDP_BFLOAT16) unless bf16 runs under pipeline parallelism (BF16_Optimizer). FP16_Optimizer is
+    the engine's pick for FusedAdam, what an optimizer section builds; a client optimizer of another class (a
+    ds_config without one, e.g. Hugging Face's Trainer's AdamW) gets FP16_UnfusedOptimizer instead
+    (engine.py:2555-2600), a per-tensor step this model does not tell apart."""
     z, prec = cfg.zero, cfg.precision
     if z.stage >= 1:
         bf16_fp32_accum = prec == "bf16" and cfg.grad_precision == "fp32"

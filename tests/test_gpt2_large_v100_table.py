@@ -48,7 +48,7 @@ def test_zero_0_is_predicted_slowest_of_the_three(job) -> None:
 def test_measured_order_zero1_zero2_zero0(job) -> None:
     # ZeRO-2 books every gradient in a hook inside backward (stage_1_and_2.py:2284-2295), ZeRO-1 once after it,
     # where it costs nothing measurable (predictor/zero_mechanics.py runtime_overhead_s; the H100 probes' backward
-    # timers: stage 2 72.1 ms, stage 1 49.7, stage 0 50.1); ZeRO-0 steps the whole model under FP16_Optimizer.
+    # timers: stage 2 72.1 ms, stage 1 49.7, stage 0 50.1); ZeRO-0 steps the whole model on every rank.
     assert _throughput(job, 1) > _throughput(job, 2) > _throughput(job, 0)
 
 
