@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy.special import ndtr
@@ -142,32 +142,72 @@ def _prior_variance(uncertainty: Uncertainty) -> float:
     return (-math.log(max(1.0 - uncertainty.step_time_rel, 1e-6)) / BAND_Z) ** 2
 
 
-def _variances(uncertainty: Uncertainty, errors: np.ndarray) -> dict[str, float]:
-    """Each term's prior variance, inflated where the measured errors exceed the prior: the shared and the factor
-    terms by the errors' mean square (one large error may be the cluster's or its stage's: a measurement cannot
-    tell which, so both widen), the others by the errors' spread about their mean."""
+def _varying(families: Sequence[FamilyKey]) -> tuple[bool, ...]:
+    """Per factor: whether the configurations differ in it (a factor they all share errs for all of them alike,
+    so for the search it is part of the shared error)."""
+    return tuple(len({tuple(f[p] for p in positions) for f in families}) > 1 for positions in _FACTORS)
+
+
+def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], prior: dict[str, float]) -> dict[str, float]:
+    """The common, specific and within-family variances the measured errors call for (never below the prior's).
+    Within a family: the errors' spread about their family's mean. Between families: the spread of the family
+    means gives the specific part, their mean the common part (the method of moments). A single family cannot
+    tell whether the cluster or the family is off, so an error beyond the prior is split evenly between the two."""
+    by_family: dict[FamilyKey, list[float]] = {}
+    for label, e in zip(labels, errors):
+        by_family.setdefault(label, []).append(float(e))
+    means = np.array([np.mean(v) for v in by_family.values()])
+    dof = sum(len(v) - 1 for v in by_family.values())
+    within = prior["within"]
+    if dof:
+        within = max(within, sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in by_family.values()) / dof)
+    mean = float(np.mean(means))
+    if len(means) == 1:
+        beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - within / len(errors))
+        return {"common": prior["common"] + beyond / 2, "specific": prior["specific"] + beyond / 2, "within": within}
+    specific = max(prior["specific"], float(np.var(means, ddof=1)))
+    return {"common": max(prior["common"], mean ** 2 - specific / len(means)), "specific": specific,
+            "within": within}
+
+
+def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], errors: np.ndarray = np.zeros(0),
+               labels: Sequence[FamilyKey] = ()) -> dict[str, Any]:
+    """Each kernel term's variance: the prior's shares of the ranking's band, scaled where the measured errors
+    (`errors`, of configurations of families `labels`) exceed them (_excess). Terms are grouped as the errors can
+    tell them apart: common (shared, and the factors every configuration of `families` has in common), specific
+    (the factors they differ in, the family) and within-family (micro-batch, own)."""
     total = _prior_variance(uncertainty)
-    square = max(1.0, float(np.mean(errors ** 2)) / total) if len(errors) else 1.0
-    spread = max(1.0, float(np.var(errors)) / total) if len(errors) > 1 else 1.0
-    return {term: share * total * (square if term == "shared" else max(square, spread) if term == "factor"
-                                   else spread) for term, share in SHARES.items()}
+    varying = _varying(families)
+    base = {term: share * total for term, share in SHARES.items()}
+    prior = {"common": base["shared"] + base["factor"] * varying.count(False),
+             "specific": base["factor"] * varying.count(True) + base["family"], "within": base["mb"] + base["own"]}
+    scale = {k: 1.0 for k in prior}
+    if len(errors):
+        scale = {k: v / prior[k] for k, v in _excess(errors, labels, prior).items()}
+    return {"shared": base["shared"] * scale["common"], "family": base["family"] * scale["specific"],
+            "factor": tuple(base["factor"] * scale["specific" if v else "common"] for v in varying),
+            "mb": base["mb"] * scale["within"], "own": base["own"] * scale["within"]}
 
 
-def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, float]) -> np.ndarray:
+def _total(var: dict[str, Any]) -> float:
+    return var["shared"] + sum(var["factor"]) + var["family"] + var["mb"] + var["own"]
+
+
+def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, Any]) -> np.ndarray:
     """The family-level part of the kernel (shared + factors + family) between two lists of families."""
     a, b = np.array(fa, dtype=object), np.array(fb, dtype=object)
     k = np.full((len(fa), len(fb)), var["shared"])
-    for positions in _FACTORS:
+    for positions, factor_var in zip(_FACTORS, var["factor"]):
         same = np.ones_like(k, dtype=bool)
         for p in positions:
             same &= a[:, p][:, None] == b[:, p][None, :]
-        k += var["factor"] * same
+        k += factor_var * same
     same_family = np.array([[x == y for y in fb] for x in fa], dtype=bool).reshape(len(fa), len(fb))
     return k + var["family"] * same_family
 
 
 def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.ndarray, fam_k: np.ndarray,
-            var: dict[str, float]) -> np.ndarray:
+            var: dict[str, Any]) -> np.ndarray:
     """k between configurations given as (family index, micro-batch); fam_k is the family-level kernel."""
     same = fam_a[:, None] == fam_b[None, :]
     dist = np.log2(mb_a.astype(float))[:, None] - np.log2(mb_b.astype(float))[None, :]
@@ -178,11 +218,11 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
     """The corrected log step-time error of every candidate, given the measured ones."""
     ok = [o for o in observations if o.status in MEASURED and o.step_s]
     errors = np.array([math.log(o.step_s / o.predicted_step_s) for o in ok])  # type: ignore[operator]
-    var = _variances(uncertainty, errors)
-    prior_std = math.sqrt(var["shared"] + len(_FACTORS) * var["factor"] + var["family"] + var["mb"] + var["own"])
+    families = list(cands.families) + [o.family for o in ok if o.family not in cands.families]
+    var = _variances(uncertainty, families, errors, [o.family for o in ok])
+    prior_std = math.sqrt(_total(var))
     if not ok:
         return Posterior(np.zeros(len(cands)), np.full(len(cands), prior_std))
-    families = list(cands.families) + [o.family for o in ok if o.family not in cands.families]
     index = {f: i for i, f in enumerate(families)}
     fam_k = _family_kernel(families, families, var)
     obs_fam = np.array([index[o.family] for o in ok])
