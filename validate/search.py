@@ -6,18 +6,26 @@ So the log of measured / predicted step time, e(c), is modelled as a Gaussian pr
 an additive kernel (Rasmussen & Williams 2006, sec. 4.2.4: sums of kernels are kernels):
 
     k(c, c') = s_shared^2                                        every configuration of the cluster
-             + sum over factors f of s_factor^2 [f(c) == f(c')]  ZeRO stage, offload, checkpointing, tp x pp
-             + s_family^2 [family(c) == family(c')]              all four factors equal
+             + sum over factors f of s_factor^2 [f(c) == f(c')]  ZeRO stage, offload, checkpointing, tp, pp
+             + s_family^2 [family(c) == family(c')]              all five factors equal
              + s_mb^2 [same family] exp(-(log2 mb - log2 mb')^2 / 2)   smooth in micro-batch
              + s_own^2 [c == c']                                 knobs the model does not tell apart, noise
 
 A measurement therefore corrects its own family most, the families that share a factor with it partly, and the
 rest through the shared part. The prior's total standard deviation is the ranking's band: the uncertainty's
 step_time_rel is the one-sided Z-sigma band, so before any measurement the optimistic bound is the ranking's
-(zerotune.predictor.rank._band). When measurements show errors larger than the prior allowed (a wrong or uncalibrated
-model), the shared and per-factor variances are inflated by their mean square over the prior's (one error cannot
-tell whether the cluster or the stage is off) and the finer terms by their spread about their mean, so the bands
-of families not yet run widen with the evidence that the model is off.
+(zerotune.predictor.rank._band).
+
+When measurements show errors larger than the prior allowed (a wrong or uncalibrated model), the variances are
+re-estimated from them, in the three groups the errors can tell apart (_excess): common (the shared term and the
+factors every candidate has in common: for the search they are one error), specific (the factors the candidates
+differ in, the family) and within-family (micro-batch, own). Family means' spread gives the specific part, their
+mean the common part (the method of moments); errors about their family's mean give the within-family part. One
+family measured cannot tell the cluster's error from its family's, so an error beyond the prior is split evenly
+between common and specific: the measured family's band shrinks to the within-family error, the correction
+moves the others by about half the error, and their bands widen with the evidence that the model is off. A
+second family settles it: equal errors are common (the rest move with them and stay narrow), unequal ones are
+specific (the rest stay wide and are run while they can beat the best).
 
 Memory: one unknown scale r of the predicted peak (need = r x predicted), a priori within 1 -+ MEMORY_Z x
 memory_rel; a run that fits caps r, an OOM raises its floor; within a family an OOM also rules out the larger
@@ -58,8 +66,8 @@ BAND_Z = 2.0
 """The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
 MEMORY_Z = 2.0
 """The memory scale's prior interval is 1 -+ MEMORY_Z x memory_rel."""
-SHARES = {"shared": 0.48, "factor": 0.1, "family": 0.05, "mb": 0.05, "own": 0.02}
-"""Each kernel term's share of the prior variance (each factor gets the factor share; 4 factors): most of
+SHARES = {"shared": 0.48, "factor": 0.08, "family": 0.05, "mb": 0.05, "own": 0.02}
+"""Each kernel term's share of the prior variance (each factor gets the factor share; 5 factors): most of
 the error is common to the cluster (compute efficiency), the rest spread over what configurations share."""
 NOISE_STD = 0.02
 """Measurement noise of a log step time (run-to-run spread of DeepSpeed's engine timers, a few percent)."""
@@ -70,8 +78,9 @@ the one that kept the replay's choices within 3% of the best with the fewest exp
 MEASURED = ("ok", "stopped")
 """Statuses whose step time was measured (a stopped run for fewer steps): both correct the predictions and
 both fitted in memory; only ok runs compete for the optimum."""
-_FACTORS = ((0,), (1, 2), (3,), (4, 5))
-"""The family key's positions of each factor: stage, offload (both devices), checkpointing, tp x pp."""
+_FACTORS = ((0,), (1, 2), (3,), (4,), (5,))
+"""The family key's positions of each factor: stage, offload (both devices), checkpointing, tensor parallel,
+pipeline parallel (separate mechanisms: TP's all-reduces in every layer, PP's bubble and stage-to-stage sends)."""
 assert abs(SHARES["shared"] + len(_FACTORS) * SHARES["factor"] + SHARES["family"] + SHARES["mb"] + SHARES["own"]
            - 1.0) < 1e-9, "the kernel's shares must make up the prior variance"
 
