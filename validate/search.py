@@ -179,7 +179,7 @@ def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], prior: dict[str, fl
             "within": within}
 
 
-def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], errors: np.ndarray = np.zeros(0),
+def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], errors: np.ndarray | None = None,
                labels: Sequence[FamilyKey] = ()) -> dict[str, Any]:
     """Each kernel term's variance: the prior's shares of the ranking's band, scaled where the measured errors
     (`errors`, of configurations of families `labels`) exceed them (_excess). Terms are grouped as the errors can
@@ -191,7 +191,7 @@ def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], errors: 
     prior = {"common": base["shared"] + base["factor"] * varying.count(False),
              "specific": base["factor"] * varying.count(True) + base["family"], "within": base["mb"] + base["own"]}
     scale = {k: 1.0 for k in prior}
-    if len(errors):
+    if errors is not None and len(errors):
         scale = {k: v / prior[k] for k, v in _excess(errors, labels, prior).items()}
     return {"shared": base["shared"] * scale["common"], "family": base["family"] * scale["specific"],
             "factor": tuple(base["factor"] * scale["specific" if v else "common"] for v in varying),
@@ -342,13 +342,16 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
         score = np.where(pool, goodness if likely.any() else p_fit, -np.inf)
         return _choice(cands, int(np.argmax(score)), goodness, post, p_fit)
     bound = goodness + BAND_Z * post.std
-    can_beat = open_ & (bound > best + math.log1p(MIN_GAIN_REL if min_gain_rel is None else min_gain_rel))
+    margin = MIN_GAIN_REL if min_gain_rel is None else min_gain_rel
+    can_beat = open_ & (bound > best + math.log1p(margin))
     if not can_beat.any():
         top = int(np.argmax(np.where(open_, bound, -np.inf)))
-        short = 100 * (1 - math.exp(bound[top] - best))
+        gain = 100 * (math.exp(bound[top] - best) - 1)
+        how = f"falls {-gain:.1f}% short" if gain <= 0 else f"beats it by only {gain:.1f}%, within the {margin:.0%} margin"
         return Choice(None, f"stopped: the best remaining prediction cannot beat the measured best within its "
-                            f"uncertainty (its optimistic bound falls {short:.1f}% short)", float(goodness[top]), float(goodness[top] - BAND_Z * post.std[top]),
-                      float(bound[top]), float(cands.step_s[top] * math.exp(post.mean[top])), float(p_fit[top]))
+                            f"uncertainty (its optimistic bound {how})", float(goodness[top]),
+                      float(goodness[top] - BAND_Z * post.std[top]), float(bound[top]),
+                      float(cands.step_s[top] * math.exp(post.mean[top])), float(p_fit[top]))
     score = np.where(can_beat, _expected_improvement(goodness, post.std, best) * p_fit, -np.inf)
     return _choice(cands, int(np.argmax(score)), goodness, post, p_fit)
 
