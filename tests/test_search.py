@@ -92,3 +92,13 @@ def test_one_family_off_beyond_the_band_widens_the_others_and_a_second_family_se
     assert same.mean[2] == pytest.approx(math.log(2), abs=0.1) and same.std[2] < one.std[2]  # common: all move
     apart = posterior(cands, [_observe(cands, 0, 2.0), _observe(cands, 1, 0.7)], U)  # unequal: family-specific
     assert apart.std[2] > same.std[2]
+
+
+def test_a_trend_in_micro_batch_seen_in_one_family_carries_to_the_others() -> None:
+    # family 0 measured at micro-batch 4 as predicted and at 8 40% faster: per-step costs were overestimated,
+    # which every family shares, so family 1's micro-batch 8 is corrected more than its micro-batch 4
+    cands = _cands()
+    post = posterior(cands, [_observe(cands, 0, 1.0), _observe(cands, 1, 1.8 * 0.6)], U)
+    assert post.mean[3] < post.mean[2] - 0.1
+    flat = posterior(cands, [_observe(cands, 0, 1.0), _observe(cands, 1, 1.8)], U)  # no trend: none carried
+    assert abs(flat.mean[3] - flat.mean[2]) < 0.02

@@ -10,6 +10,12 @@ an additive kernel (Rasmussen & Williams 2006, sec. 4.2.4: sums of kernels are k
              + s_family^2 [family(c) == family(c')]              all five factors equal
              + s_mb^2 [same family] exp(-(log2 mb - log2 mb')^2 / 2)   smooth in micro-batch
              + s_own^2 [c == c']                                 knobs the model does not tell apart, noise
+             + s_slope^2 (log2 mb - m)(log2 mb' - m)             a trend in micro-batch common to the cluster
+
+The slope term has no prior variance (the ranking's band is the prior's): it is turned on by measurements of one
+family at two micro-batches whose errors differ, e.g. per-step costs (optimizer, gradient all-reduce) misjudged
+against per-sample ones (the GEMMs) shift the error by the same amount per doubling of the micro-batch in every
+family; m is the candidates' mean log2 micro-batch.
 
 A measurement therefore corrects its own family most, the families that share a factor with it partly, and the
 rest through the shared part. The prior's total standard deviation is the ranking's band: the uncertainty's
@@ -157,49 +163,65 @@ def _varying(families: Sequence[FamilyKey]) -> tuple[bool, ...]:
     return tuple(len({tuple(f[p] for p in positions) for f in families}) > 1 for positions in _FACTORS)
 
 
-def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], prior: dict[str, float]) -> dict[str, float]:
-    """The common, specific and within-family variances the measured errors call for (never below the prior's).
-    Within a family: the errors' spread about their family's mean. Between families: the spread of the family
-    means gives the specific part, their mean the common part (the method of moments). A single family cannot
-    tell whether the cluster or the family is off, so an error beyond the prior is split evenly between the two."""
-    by_family: dict[FamilyKey, list[float]] = {}
-    for label, e in zip(labels, errors):
-        by_family.setdefault(label, []).append(float(e))
-    means = np.array([np.mean(v) for v in by_family.values()])
-    dof = sum(len(v) - 1 for v in by_family.values())
-    within = prior["within"]
-    if dof:
-        within = max(within, sum(float(np.sum((np.array(v) - np.mean(v)) ** 2)) for v in by_family.values()) / dof)
+def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray, prior: dict[str, float]
+            ) -> dict[str, float]:
+    """The common, slope, specific and within-family variances the measured errors call for (never below the
+    prior's). Within families: the errors' deviations from their family's mean, regressed on log2 micro-batch,
+    give the slope (one for the cluster) and, what the slope leaves, the within-family part. Between families:
+    the spread of the family means gives the specific part, their mean the common part (the method of moments).
+    A single family cannot tell whether the cluster or the family is off, so an error beyond the prior is split
+    evenly between the two."""
+    by_family: dict[FamilyKey, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_family.setdefault(label, []).append(i)
+    means = np.array([np.mean(errors[ix]) for ix in by_family.values()])
+    dev_e = np.concatenate([errors[ix] - np.mean(errors[ix]) for ix in by_family.values()])
+    dev_l = np.concatenate([log_mb[ix] - np.mean(log_mb[ix]) for ix in by_family.values()])
+    dof, slope, within = len(errors) - len(means), prior["slope"], prior["within"]
+    if float(dev_l @ dev_l) > 0:
+        fitted = float(dev_e @ dev_l) / float(dev_l @ dev_l)
+        slope, dev_e, dof = max(slope, fitted ** 2), dev_e - fitted * dev_l, dof - 1
+    if dof > 0:
+        within = max(within, float(dev_e @ dev_e) / dof)
     mean = float(np.mean(means))
     if len(means) == 1:
         beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - within / len(errors))
-        return {"common": prior["common"] + beyond / 2, "specific": prior["specific"] + beyond / 2, "within": within}
+        return {"common": prior["common"] + beyond / 2, "specific": prior["specific"] + beyond / 2, "within": within,
+                "slope": slope}
     specific = max(prior["specific"], float(np.var(means, ddof=1)))
     return {"common": max(prior["common"], mean ** 2 - specific / len(means)), "specific": specific,
-            "within": within}
+            "within": within, "slope": slope}
 
 
-def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], errors: np.ndarray | None = None,
-               labels: Sequence[FamilyKey] = ()) -> dict[str, Any]:
+def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: float,
+               errors: np.ndarray | None = None, labels: Sequence[FamilyKey] = (),
+               log_mb: np.ndarray | None = None) -> dict[str, Any]:
     """Each kernel term's variance: the prior's shares of the ranking's band, scaled where the measured errors
     (`errors`, of configurations of families `labels`) exceed them (_excess). Terms are grouped as the errors can
-    tell them apart: common (shared, and the factors every configuration of `families` has in common), specific
-    (the factors they differ in, the family) and within-family (micro-batch, own)."""
+    tell them apart: common (shared, and the factors every configuration of `families` has in common), slope
+    (per octave of micro-batch from `centre`, the log2 micro-batch where it adds nothing), specific (the factors
+    they differ in, the family) and within-family (micro-batch, own)."""
     total = _prior_variance(uncertainty)
     varying = _varying(families)
     base = {term: share * total for term, share in SHARES.items()}
     prior = {"common": base["shared"] + base["factor"] * varying.count(False),
-             "specific": base["factor"] * varying.count(True) + base["family"], "within": base["mb"] + base["own"]}
-    scale = {k: 1.0 for k in prior}
-    if errors is not None and len(errors):
-        scale = {k: v / prior[k] for k, v in _excess(errors, labels, prior).items()}
+             "specific": base["factor"] * varying.count(True) + base["family"], "within": base["mb"] + base["own"],
+             "slope": 0.0}
+    scale, slope = {k: 1.0 for k in prior}, 0.0
+    if errors is not None and log_mb is not None and len(errors):
+        excess = _excess(errors, labels, log_mb, prior)
+        slope = excess.pop("slope")
+        scale = {k: v / prior[k] for k, v in excess.items()}
     return {"shared": base["shared"] * scale["common"], "family": base["family"] * scale["specific"],
             "factor": tuple(base["factor"] * scale["specific" if v else "common"] for v in varying),
-            "mb": base["mb"] * scale["within"], "own": base["own"] * scale["within"]}
+            "mb": base["mb"] * scale["within"], "own": base["own"] * scale["within"],
+            "slope": slope, "centre": centre}
 
 
-def _total(var: dict[str, Any]) -> float:
-    return var["shared"] + sum(var["factor"]) + var["family"] + var["mb"] + var["own"]
+def _total(var: dict[str, Any], micro_batch: np.ndarray) -> np.ndarray:
+    """Prior variance of each configuration (the slope term grows with the distance from the centre)."""
+    rest = var["shared"] + sum(var["factor"]) + var["family"] + var["mb"] + var["own"]
+    return rest + var["slope"] * (np.log2(micro_batch.astype(float)) - var["centre"]) ** 2
 
 
 def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, Any]) -> np.ndarray:
@@ -219,8 +241,10 @@ def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.nda
             var: dict[str, Any]) -> np.ndarray:
     """k between configurations given as (family index, micro-batch); fam_k is the family-level kernel."""
     same = fam_a[:, None] == fam_b[None, :]
-    dist = np.log2(mb_a.astype(float))[:, None] - np.log2(mb_b.astype(float))[None, :]
-    return fam_k[np.ix_(fam_a, fam_b)] + var["mb"] * same * np.exp(-0.5 * dist ** 2)
+    la, lb = np.log2(mb_a.astype(float)), np.log2(mb_b.astype(float))
+    dist = la[:, None] - lb[None, :]
+    slope = var["slope"] * np.outer(la - var["centre"], lb - var["centre"])
+    return fam_k[np.ix_(fam_a, fam_b)] + var["mb"] * same * np.exp(-0.5 * dist ** 2) + slope
 
 
 def posterior(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> Posterior:
@@ -228,21 +252,22 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
     ok = [o for o in observations if o.status in MEASURED and o.step_s]
     errors = np.array([math.log(o.step_s / o.predicted_step_s) for o in ok])  # type: ignore[operator]
     families = list(cands.families) + [o.family for o in ok if o.family not in cands.families]
-    var = _variances(uncertainty, families, errors, [o.family for o in ok])
-    prior_std = math.sqrt(_total(var))
+    obs_mb = np.array([o.micro_batch for o in ok])
+    centre = float(np.mean(np.log2(cands.micro_batch.astype(float)))) if len(cands) else 0.0
+    var = _variances(uncertainty, families, centre, errors, [o.family for o in ok], np.log2(obs_mb.astype(float)))
+    prior_var = _total(var, cands.micro_batch)
     if not ok:
-        return Posterior(np.zeros(len(cands)), np.full(len(cands), prior_std))
+        return Posterior(np.zeros(len(cands)), np.sqrt(prior_var))
     index = {f: i for i, f in enumerate(families)}
     fam_k = _family_kernel(families, families, var)
     obs_fam = np.array([index[o.family] for o in ok])
-    obs_mb = np.array([o.micro_batch for o in ok])
     k_oo = _kernel(obs_fam, obs_mb, obs_fam, obs_mb, fam_k, var)
     k_oo += np.eye(len(ok)) * (var["own"] + NOISE_STD ** 2)
     chol = np.linalg.cholesky(k_oo)
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, errors))
     k_co = _kernel(cands.family, cands.micro_batch, obs_fam, obs_mb, fam_k, var)
     v = np.linalg.solve(chol, k_co.T)
-    variance = np.maximum(prior_std ** 2 - np.sum(v ** 2, axis=0), NOISE_STD ** 2)
+    variance = np.maximum(prior_var - np.sum(v ** 2, axis=0), NOISE_STD ** 2)
     return Posterior(k_co @ alpha, np.sqrt(variance))
 
 
