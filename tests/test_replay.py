@@ -91,3 +91,15 @@ def test_replay_figures_on_the_small_grids_hold() -> None:
     if cpu:
         outcome = replay(sets[cpu[0]](), "cpu", 8)
         assert outcome.within_share == 1.0 and outcome.max_experiments <= 4
+
+
+def test_error_shares_split_a_per_stage_error_into_the_family_specific_part() -> None:
+    from benchmarks.replay import error_shares
+    from zerotune.validate.tune import load_profile_for
+    eff, _ = load_profile_for("cpu")  # measured = the replay's own prediction x one factor per stage
+    rows = tuple(GridRow(r.job, r.config, "ok", estimate(r.job, r.config, eff).time.step_s
+                         * FACTOR[r.config.zero.stage], r.source) for r in _grid().rows)
+    shares = error_shares([Group("per-stage", rows)])
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["within"] < 1e-6 and shares["specific"] == pytest.approx(0.5, abs=0.01)  # +-log(0.6)/2 about
+    # a mean of log(0.6)/2: common and specific equal
