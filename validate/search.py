@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy.special import ndtr
@@ -198,9 +198,29 @@ def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray,
             "within": within, "slope": slope}
 
 
+@dataclass(frozen=True)
+class _Variances:
+    """The kernel's terms (see the module docstring); slope per octave of micro-batch away from `centre`."""
+
+    shared: float
+    factor: tuple[float, ...]
+    """Per factor of _FACTORS."""
+    family: float
+    mb: float
+    own: float
+    slope: float
+    centre: float
+    """The candidates' mean log2 micro-batch, where the slope term adds nothing."""
+
+    def total(self, micro_batch: np.ndarray) -> np.ndarray:
+        """Prior variance of each configuration (the slope term grows with the distance from the centre)."""
+        rest = self.shared + sum(self.factor) + self.family + self.mb + self.own
+        return rest + self.slope * (np.log2(micro_batch.astype(float)) - self.centre) ** 2
+
+
 def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: float,
                errors: np.ndarray | None = None, labels: Sequence[FamilyKey] = (),
-               log_mb: np.ndarray | None = None) -> dict[str, Any]:
+               log_mb: np.ndarray | None = None) -> _Variances:
     """Each kernel term's variance: the prior's shares of the ranking's band, scaled where the measured errors
     (`errors`, of configurations of families `labels`) exceed them (_excess). Terms are grouped as the errors can
     tell them apart: common (shared, and the factors every configuration of `families` has in common), slope
@@ -217,39 +237,33 @@ def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: 
         excess = _excess(errors, labels, log_mb, prior)
         slope = excess.pop("slope")
         scale = {k: v / prior[k] for k, v in excess.items()}
-    return {"shared": base["shared"] * scale["common"], "family": base["family"] * scale["specific"],
-            "factor": tuple(base["factor"] * scale["specific" if v else "common"] for v in varying),
-            "mb": base["mb"] * scale["within"], "own": base["own"] * scale["within"],
-            "slope": slope, "centre": centre}
+    return _Variances(shared=base["shared"] * scale["common"],
+                      factor=tuple(base["factor"] * scale["specific" if v else "common"] for v in varying),
+                      family=base["family"] * scale["specific"], mb=base["mb"] * scale["within"],
+                      own=base["own"] * scale["within"], slope=slope, centre=centre)
 
 
-def _total(var: dict[str, Any], micro_batch: np.ndarray) -> np.ndarray:
-    """Prior variance of each configuration (the slope term grows with the distance from the centre)."""
-    rest = var["shared"] + sum(var["factor"]) + var["family"] + var["mb"] + var["own"]
-    return rest + var["slope"] * (np.log2(micro_batch.astype(float)) - var["centre"]) ** 2
-
-
-def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: dict[str, Any]) -> np.ndarray:
+def _family_kernel(fa: Sequence[FamilyKey], fb: Sequence[FamilyKey], var: _Variances) -> np.ndarray:
     """The family-level part of the kernel (shared + factors + family) between two lists of families."""
     a, b = np.array(fa, dtype=object), np.array(fb, dtype=object)
-    k = np.full((len(fa), len(fb)), var["shared"])
-    for positions, factor_var in zip(_FACTORS, var["factor"]):
+    k = np.full((len(fa), len(fb)), var.shared)
+    for positions, factor_var in zip(_FACTORS, var.factor):
         same = np.ones_like(k, dtype=bool)
         for p in positions:
             same &= a[:, p][:, None] == b[:, p][None, :]
         k += factor_var * same
     same_family = np.array([[x == y for y in fb] for x in fa], dtype=bool).reshape(len(fa), len(fb))
-    return k + var["family"] * same_family
+    return k + var.family * same_family
 
 
 def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.ndarray, fam_k: np.ndarray,
-            var: dict[str, Any]) -> np.ndarray:
+            var: _Variances) -> np.ndarray:
     """k between configurations given as (family index, micro-batch); fam_k is the family-level kernel."""
     same = fam_a[:, None] == fam_b[None, :]
     la, lb = np.log2(mb_a.astype(float)), np.log2(mb_b.astype(float))
     dist = la[:, None] - lb[None, :]
-    slope = var["slope"] * np.outer(la - var["centre"], lb - var["centre"])
-    return fam_k[np.ix_(fam_a, fam_b)] + var["mb"] * same * np.exp(-0.5 * dist ** 2) + slope
+    slope = var.slope * np.outer(la - var.centre, lb - var.centre)
+    return fam_k[np.ix_(fam_a, fam_b)] + var.mb * same * np.exp(-0.5 * dist ** 2) + slope
 
 
 def posterior(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> Posterior:
@@ -260,14 +274,14 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
     obs_mb = np.array([o.micro_batch for o in ok])
     centre = float(np.mean(np.log2(cands.micro_batch.astype(float)))) if len(cands) else 0.0
     var = _variances(uncertainty, families, centre, errors, [o.family for o in ok], np.log2(obs_mb.astype(float)))
-    prior_var = _total(var, cands.micro_batch)
+    prior_var = var.total(cands.micro_batch)
     if not ok:
         return Posterior(np.zeros(len(cands)), np.sqrt(prior_var))
     index = {f: i for i, f in enumerate(families)}
     fam_k = _family_kernel(families, families, var)
     obs_fam = np.array([index[o.family] for o in ok])
     k_oo = _kernel(obs_fam, obs_mb, obs_fam, obs_mb, fam_k, var)
-    k_oo += np.eye(len(ok)) * (var["own"] + NOISE_STD ** 2)
+    k_oo += np.eye(len(ok)) * (var.own + NOISE_STD ** 2)
     chol = np.linalg.cholesky(k_oo)
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, errors))
     k_co = _kernel(cands.family, cands.micro_batch, obs_fam, obs_mb, fam_k, var)
