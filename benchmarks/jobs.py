@@ -13,7 +13,7 @@ from typing import Any
 
 from zerotune.predictor.rank import Metric
 
-__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "user_ds_config", "script_args", "grid_points",
+__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "user_ds_config", "script_args", "grid_points",
            "job_by_name"]
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +41,8 @@ class BenchJob:
     """What the job demonstrates, one line for the report."""
     extra_zero: dict[str, Any] = field(default_factory=dict)
     """More zero_optimization keys of the user's (DeepSpeed's autotuner drops them; zerotune keeps them)."""
+    zerotune_profile: str | None = None
+    """zerotune tune's --profile (None: the one it finds, the shipped CPU profile; "none": uncalibrated)."""
 
 
 def user_ds_config(job: BenchJob) -> dict[str, Any]:
@@ -92,8 +94,13 @@ WIDE_JOB = BenchJob(
 LATENCY_JOB = BenchJob(
     name="latency", model="zt-gpt-small", seq_len=128, stages=(0, 1), max_micro_batch=8, metric="latency",
     shows="metric latency: DeepSpeed's autotuner keeps the largest latency; zerotune minimises it")
-FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB)
-JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS)}
+UNCALIBRATED_JOB = BenchJob(
+    name="uncalibrated", model="zt-gpt-small", seq_len=128, stages=(0, 1, 2, 3), max_micro_batch=8,
+    zerotune_profile="none",
+    shows="the built-in job with zerotune given no calibration profile (--profile none: default efficiencies, "
+          "the uncalibrated band), as a user who never ran zerotune calibrate")
+FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
+JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, UNCALIBRATED_JOB)}
 
 
 def job_by_name(name: str) -> BenchJob:

@@ -30,22 +30,22 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
 from zerotune.calibrate.measurement import Status, read_jsonl
 from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.catalog import data_dir
-from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
+from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Half, Skip, read_rows, row_case, split_rows
 from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from zerotune.validate.plan import build_job
 from zerotune.validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
 from zerotune.validate.tune import DEFAULT_TOP_K, load_profile_for
 
 __all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "PUBLISHED", "data_sets",
-           "published_groups", "measurement_groups", "replay_group", "replay", "format_table", "main",
-           "WITHIN", "WRONG_FACTOR", "WRONG_MEMORY"]
+           "published_groups", "measurement_groups", "error_shares", "replay_group", "replay", "format_table", "main",
+           "WITHIN", "WRONG_FACTOR", "WRONG_MEMORY", "MIN_WRONG_OUTCOMES"]
 
 WITHIN = 0.03
 """A choice counts when its measured throughput is within 3% of the group's best (issue 13)."""
@@ -54,6 +54,9 @@ WRONG_FACTOR = 2.0
 WRONG_MEMORY = 0.15
 DRAWS = 10
 """Wrong models drawn per group: one draw per group says little on data sets of a few groups."""
+MIN_WRONG_OUTCOMES = 100
+"""At least this many wrong-model replays per data set (more draws per group on data sets of few groups): ten
+draws of the CPU grid's one group put its share anywhere from 40% to 80% depending on the seed."""
 PUBLISHED = ("vtrain_single", "bloom_tr11", "llmfoundry_mpt_fsdp", "ds_autotuning_hf_v100")
 """data/measurements/published/<name>.jsonl files with comparable groups of configurations."""
 MEASUREMENTS_DIR = data_dir() / "measurements"
@@ -114,10 +117,11 @@ def _measured_step_s(case: Case) -> float | None:
     return est.time.step_s * speed.predicted / speed.measured
 
 
-def published_groups(path: Path) -> list[Group]:
-    """A published data set's comparable groups with at least two distinct configurations."""
+def published_groups(path: Path, half: Half | Literal["all"] = "all") -> list[Group]:
+    """A published data set's comparable groups with at least two distinct configurations (of one half of its
+    models on request, zerotune.validate.accuracy.split_rows)."""
     groups: dict[tuple, list[GridRow]] = {}
-    for row_id, row in read_rows(path):
+    for row_id, row in split_rows(read_rows(path), half):
         case = row_case(row, row_id)
         if isinstance(case, Skip):
             continue
@@ -229,6 +233,28 @@ def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | No
                         _label(rows[best]), reason or f"budget of {budget} spent")
 
 
+def error_shares(groups: Sequence[Group]) -> dict[str, float]:
+    """How the model's log step-time errors split over the groups: the mean square of each group's mean error
+    (common), of each family's mean about its group's (specific) and of each row about its family's
+    (within-family), as shares of their sum: the check of zerotune.validate.search.SHARES."""
+    parts: dict[str, list[float]] = {"common": [], "specific": [], "within": []}
+    for group in groups:
+        rows = _distinct(group.rows)
+        cands, measured = _candidates(rows, None)
+        ok = np.isfinite(measured)
+        errors = (cands.gain - np.log(cands.step_s) - measured)[ok]  # log(measured / predicted step time)
+        family = cands.family[ok]
+        mean = float(np.mean(errors))
+        parts["common"].append(mean ** 2)
+        for f in set(family.tolist()):
+            mine = errors[family == f]
+            if len(set(family.tolist())) > 1:
+                parts["specific"].append((float(np.mean(mine)) - mean) ** 2)
+            parts["within"] += [float(e - np.mean(mine)) ** 2 for e in mine] if len(mine) > 1 else []
+    squares = {k: statistics.fmean(v) if v else 0.0 for k, v in parts.items()}
+    return {k: v / sum(squares.values()) for k, v in squares.items()}
+
+
 def _label(row: GridRow) -> str:
     cfg = row.config
     layout = f"_tp{cfg.mp_size}_pp{cfg.pp_size}" if cfg.model_parallel_size > 1 else ""
@@ -295,17 +321,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n")[0])
     parser.add_argument("--budget", type=int, default=DEFAULT_TOP_K, help="--top_k of the replayed tune (a ceiling)")
     parser.add_argument("--seed", type=int, default=13, help="seed of the deliberately wrong models")
-    parser.add_argument("--draws", type=int, default=DRAWS, help="wrong models drawn per group")
+    parser.add_argument("--draws", type=int, default=DRAWS, help="wrong models drawn per group (at least "
+                        f"{MIN_WRONG_OUTCOMES} per data set)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--misses", action="store_true", help="list the groups whose choice is not within 3%%")
+    parser.add_argument("--error_shares", action="store_true", help="only print how the model's errors split "
+                        "(common / family-specific / within-family) on the fit half of each published data set")
     args = parser.parse_args(argv)
+    if args.error_shares:
+        for name in PUBLISHED:
+            groups = published_groups(DEFAULT_DATA_DIR / f"{name}.jsonl", "fit")
+            if groups:
+                shares = error_shares(groups)
+                print(f"{name} (fit half, {len(groups)} groups): " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()))
+        return 0
     results = []
     for name, load in data_sets():
         groups = load()
         if not groups:
             print(f"replay: {name}: no group with two or more configurations; skipped", file=sys.stderr)
             continue
-        results += [replay(groups, name, args.budget), replay(groups, name, args.budget, args.seed, args.draws)]
+        draws = max(args.draws, math.ceil(MIN_WRONG_OUTCOMES / len(groups)))
+        results += [replay(groups, name, args.budget), replay(groups, name, args.budget, args.seed, draws)]
     text = format_table(results)
     if args.markdown:
         args.markdown.write_text(text)

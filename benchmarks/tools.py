@@ -110,8 +110,9 @@ def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
 def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
     # zerotune gets exactly what DeepSpeed's autotuner gets (no --model, no --seq_len): what it needs about the
     # model it learns from its own profiling run of the script, as DeepSpeed's autotuner does.
+    profile = ("--profile", job.zerotune_profile) if job.zerotune_profile else ()
     return [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", str(job.num_gpus), "--hardware", "cpu",
-            str(WORKLOAD), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
+            *profile, str(WORKLOAD), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
 def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:

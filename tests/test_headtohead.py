@@ -193,3 +193,12 @@ def test_zerotune_gets_nothing_deepspeeds_autotuner_does_not_get(tmp_path: Path)
     assert "--seq_len" not in zt[:zt.index(next(a for a in zt if a.endswith(".py")))]
     ds = deepspeed_tune_command(QUICK_JOB, tmp_path / "ds.json")
     assert zt[zt.index(next(a for a in zt if a.endswith(".py"))):] == ds[ds.index(next(a for a in ds if a.endswith(".py"))):]
+
+
+def test_the_uncalibrated_job_tunes_without_a_profile_and_the_others_with_the_one_found(tmp_path: Path) -> None:
+    # issue 13: one head-to-head job where zerotune has no calibration profile (tune --profile none)
+    from benchmarks.tools import zerotune_tune_command
+    cmd = zerotune_tune_command(JOBS["uncalibrated"], tmp_path / "ds.json")
+    assert cmd[cmd.index("--profile") + 1] == "none" and "--model" not in cmd[:cmd.index(str(tmp_path / "ds.json"))]
+    assert "--profile" not in zerotune_tune_command(JOBS["builtin"], tmp_path / "ds.json")
+    assert grid_points(JOBS["uncalibrated"]) == grid_points(JOBS["builtin"])  # scored on the same grid

@@ -75,3 +75,31 @@ def test_a_replay_and_a_tune_on_the_same_grid_run_the_same_experiments(tmp_path:
     replayed = replay_group(group)
     assert len(calls) == replayed.num_experiments
     assert outcome.best is not None and outcome.best.name == replayed.choice
+
+
+def test_replay_figures_on_the_small_grids_hold() -> None:
+    # Figures of `python -m benchmarks.replay` (2026-11-23, search of issue 13): ds_autotuning_hf_v100 real 100% of
+    # 8 groups within 3% (2.38 experiments), wrong 91.2% of 80 (1.88); the CPU grid real within in 4 experiments
+    # (one per ZeRO stage: the CPU model is off by up to 2x between stages). Pinned with a little slack.
+    from benchmarks.replay import data_sets
+    sets = dict(data_sets())
+    hf = sets["ds_autotuning_hf_v100"]()
+    real, wrong = replay(hf, "hf", 8), replay(hf, "hf", 8, seed=13, draws=10)
+    assert real.within_share == 1.0 and real.mean_experiments <= 2.5
+    assert wrong.within_share >= 0.9 and wrong.mean_experiments <= 2.0
+    cpu = [name for name in sets if name.startswith("cpu_grid_zt-gpt-small")]
+    if cpu:
+        outcome = replay(sets[cpu[0]](), "cpu", 8)
+        assert outcome.within_share == 1.0 and outcome.max_experiments <= 4
+
+
+def test_error_shares_split_a_per_stage_error_into_the_family_specific_part() -> None:
+    from benchmarks.replay import error_shares
+    from zerotune.validate.tune import load_profile_for
+    eff, _ = load_profile_for("cpu")  # measured = the replay's own prediction x one factor per stage
+    rows = tuple(GridRow(r.job, r.config, "ok", estimate(r.job, r.config, eff).time.step_s
+                         * FACTOR[r.config.zero.stage], r.source) for r in _grid().rows)
+    shares = error_shares([Group("per-stage", rows)])
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["within"] < 1e-6 and shares["specific"] == pytest.approx(0.5, abs=0.01)  # +-log(0.6)/2 about
+    # a mean of log(0.6)/2: common and specific equal

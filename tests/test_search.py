@@ -76,3 +76,29 @@ def test_given_measurements_correct_but_are_not_experiments() -> None:
     assert first.step_s > float(cands.step_s[first.index])  # corrected by the given measurement
     ran, _ = run_search(cands, U, 1, lambda c: _observe(cands, c.index, 1.0), initial=[given])
     assert len(ran) == 1  # the given one did not count against the budget
+
+
+def test_one_family_off_beyond_the_band_widens_the_others_and_a_second_family_settles_it() -> None:
+    # three stages at one micro-batch: the first measured 2x slower than predicted (far beyond the 30% band)
+    fams = ((0, "none", "none", False, 1, 1), (1, "none", "none", False, 1, 1), (2, "none", "none", False, 1, 1))
+    cands = Candidates(fams, np.array([0, 1, 2]), np.array([8, 8, 8]), np.ones(3), np.full(3, 0.5), np.zeros(3))
+    one = posterior(cands, [_observe(cands, 0, 2.0)], U)
+    prior = posterior(cands, [], U)
+    # one family cannot tell the cluster's error from its own: the others move by about half of it ...
+    assert 0.3 * math.log(2) < one.mean[1] < 0.7 * math.log(2)
+    # ... and stay wider than the prior band, while the measured one is known to within-family error
+    assert one.std[1] > prior.std[1] > one.std[0]
+    same = posterior(cands, [_observe(cands, 0, 2.0), _observe(cands, 1, 2.0)], U)  # a second family, equally off
+    assert same.mean[2] == pytest.approx(math.log(2), abs=0.1) and same.std[2] < one.std[2]  # common: all move
+    apart = posterior(cands, [_observe(cands, 0, 2.0), _observe(cands, 1, 0.7)], U)  # unequal: family-specific
+    assert apart.std[2] > same.std[2]
+
+
+def test_a_trend_in_micro_batch_seen_in_one_family_carries_to_the_others() -> None:
+    # family 0 measured at micro-batch 4 as predicted and at 8 40% faster: per-step costs were overestimated,
+    # which every family shares, so family 1's micro-batch 8 is corrected more than its micro-batch 4
+    cands = _cands()
+    post = posterior(cands, [_observe(cands, 0, 1.0), _observe(cands, 1, 1.8 * 0.6)], U)
+    assert post.mean[3] < post.mean[2] - 0.1
+    flat = posterior(cands, [_observe(cands, 0, 1.0), _observe(cands, 1, 1.8)], U)  # no trend: none carried
+    assert abs(flat.mean[3] - flat.mean[2]) < 0.02

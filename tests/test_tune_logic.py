@@ -392,3 +392,14 @@ def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tm
     assert corrected.results[0].prediction.step_s > 1.5 * plain.results[0].prediction.step_s
     stored = read_jsonl(tmp_path / "again" / "results" / "measurements.jsonl")
     assert [m.source for m in stored] != ["profiling run"] and len(stored) == 1
+
+
+def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:
+    # the head-to-head's uncalibrated job (issue 13): the shipped CPU profile exists, --profile none ignores it
+    from zerotune.predictor.job import Efficiency
+    from zerotune.predictor.rank import Uncertainty
+    from zerotune.validate.tune import NO_PROFILE, load_profile_for
+    said: list[str] = []
+    assert load_profile_for("cpu", Path(NO_PROFILE), said.append) == (Efficiency(), Uncertainty())
+    assert "uncalibrated" in said[-1]
+    assert load_profile_for("cpu")[1] != Uncertainty()  # without it the shipped calibration is used

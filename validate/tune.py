@@ -58,7 +58,7 @@ from zerotune.validate.results import (ExperimentResult, Layout, Prediction, bes
 
 __all__ = ["TuneSettings", "TuneOutcome", "Launcher", "add_tune_arguments", "run_tune", "tune", "settings_from_args",
            "lr_advice", "measurement_of", "run_experiment", "autotuning_of", "ProfileOutcome",
-           "profile_model", "load_profile_for", "stop_rule_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K",
+           "profile_model", "load_profile_for", "NO_PROFILE", "stop_rule_for", "BUILTIN_SCRIPT", "DEFAULT_TOP_K",
            "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
 
 Launcher = Callable[[LaunchSpec], RunResult]
@@ -71,6 +71,8 @@ EARLY_STOP_MIN_STEPS = 2
 EARLY_STOP_MARGIN = 0.05
 """An experiment is stopped early only when even its fastest step is this much worse than the measured best
 (step times spread by a few percent from step to step)."""
+NO_PROFILE = "none"
+"""--profile's value that tunes uncalibrated even where a calibration profile exists."""
 DEFAULT_TOP_K = 8
 """--top_k's default: a ceiling on experiments; the stopping rule usually ends the search well before it."""
 
@@ -148,7 +150,12 @@ def _load_profile(settings: TuneSettings, log: Callable[[str], None] = print) ->
 def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[str], None] = lambda _: None
                      ) -> tuple[Efficiency, Uncertainty]:
     """The profile named by --profile, else the user's calibration of this hardware, else the shipped one;
-    which one is used (or that none is) is said through `log`, never picked up silently."""
+    which one is used (or that none is) is said through `log`, never picked up silently. --profile none
+    (NO_PROFILE): none, the uncalibrated defaults, even where a calibration exists."""
+    if given is not None and str(given) == NO_PROFILE:
+        log(f"zerotune tune: --profile {NO_PROFILE}: predicting {hardware} uncalibrated (default efficiencies and "
+            f"bands)")
+        return Efficiency(), Uncertainty()
     if given is not None and not Path(given).is_file():
         raise ValueError(f"--profile {given}: no such file; give a calibration profile (zerotune calibrate "
                          f"writes one)")
@@ -429,7 +436,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         f"beat the measured best (default {DEFAULT_TOP_K}; autotuning.tuner_num_trials caps it too)")
     p.add_argument("--profile", type=Path, help="calibration profile (default: the user's calibration of the "
                                                 "hardware, else the shipped data/profiles/<hardware>.json; the one "
-                                                "used is printed)")
+                                                "used is printed; 'none': uncalibrated)")
     p.add_argument("--model", help="catalog name, model YAML or config.json (default: one profiling run of "
                                    f"the script; {BUILTIN_MODEL} for the built-in workload)")
     p.add_argument("--hardware", help="catalog name or YAML (default: cpu when DS_ACCELERATOR=cpu or no "
