@@ -27,7 +27,7 @@ import math
 import random
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Literal, Sequence
@@ -176,10 +176,12 @@ class GroupOutcome:
 
 
 def _distinct(rows: Sequence[GridRow]) -> list[GridRow]:
-    """One row per configuration; repeated measurements of one configuration become their median."""
+    """One row per configuration; repeated measurements of one configuration become their median. Keys the
+    model does not read (DSConfig.passthrough, e.g. `steps_per_print`) do not split a configuration, so two
+    passes over one grid that logged differently still merge."""
     by_config: dict[str, list[GridRow]] = {}
     for row in rows:
-        by_config.setdefault(repr(row.config), []).append(row)
+        by_config.setdefault(repr((row.job, replace(row.config, passthrough={}))), []).append(row)
     merged = []
     for same in by_config.values():
         ok = [r.step_s for r in same if r.status == "ok" and r.step_s]
