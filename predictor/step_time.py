@@ -33,9 +33,9 @@ from zerotune.predictor.zero_mechanics import grad_reduction, runtime_overhead_s
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
-           "TIME_TERMS", "tensor_parallel_allreduce_s"]
+           "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES"]
 
-TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
+TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "pipeline_p2p", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")
 Batch = Union[int, float, np.ndarray]
 """A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
@@ -257,16 +257,24 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
+CROSS_ENTROPY_ALLREDUCES = 3
+"""Forward all-reduces of Megatron's vocabulary-parallel cross-entropy, each of one fp32 value per token: the
+logits' max, the target logit and the sum of exponentials (Megatron-DeepSpeed megatron/core/tensor_parallel/
+cross_entropy.py _VocabParallelCrossEntropy.forward: three torch.distributed.all_reduce calls on tensors of
+the batch x sequence shape)."""
+
+
 def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> tuple[int, int, int]:
-    """Megatron's activation all-reduces per micro-step of the busiest stage, (forward, backward, recompute):
-    two per block each way (after attention's and the MLP's row-parallel GEMM in forward, before their
-    column-parallel GEMMs in backward; Shoeybi et al. 2019, fig. 3-4); the vocabulary-parallel embedding's sum
-    on the first stage; on the last, cross-entropy's max, sum-exp and target logit forward and the logits'
-    input gradient backward (Megatron-LM mpu/layers.py VocabParallelEmbedding, mpu/cross_entropy.py)."""
+    """Megatron's activation-sized all-reduces (micro-batch x seq x hidden) per micro-step of the busiest stage,
+    (forward, backward, recompute): two per block each way (after attention's and the MLP's row-parallel GEMM in
+    forward, before their column-parallel GEMMs in backward; Shoeybi et al. 2019, fig. 3-4); the
+    vocabulary-parallel embedding's sum on the first stage; on the last, the logits' input gradient backward
+    (Megatron-LM mpu/layers.py VocabParallelEmbedding, parallel_lm_logits). Cross-entropy's per-token
+    all-reduces are CROSS_ENTROPY_ALLREDUCES, timed at their own size."""
     layers = cfg.stage_layers(job.model.num_layers)
     lm = 1 if job.model.head == "lm" else 0
     recompute = 2 * layers if cfg.activation_checkpointing.enabled else 0
-    return 2 * layers + (1 if cfg.pp_size == 1 else 0) + 3 * lm, 2 * layers + lm, recompute
+    return 2 * layers + (1 if cfg.pp_size == 1 else 0), 2 * layers + lm, recompute
 
 
 def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_bytes: Batch) -> Batch:
@@ -289,10 +297,14 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
         return 0.0 * micro_batch
     size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
     per_call = tensor_parallel_allreduce_s(job, cfg, eff, size)
+    loss_calls = CROSS_ENTROPY_ALLREDUCES * (job.model.head == "lm")
+    loss_s = loss_calls * tensor_parallel_allreduce_s(job, cfg, eff, micro_batch * job.seq_len * DTYPE_BYTES["fp32"])
     dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, micro_batch)
+    calls_f, calls_b, calls_r = _tensor_parallel_calls(job, cfg)
     added = 0.0 * micro_batch
-    for calls, dev, host in zip(_tensor_parallel_calls(job, cfg), (dev_f, dev_b, dev_r), (host_f, host_b, host_r)):
-        added = added + np.maximum(dev + calls * per_call, host) - np.maximum(dev, host)
+    for comm, dev, host in zip((calls_f * per_call + loss_s, calls_b * per_call, calls_r * per_call),
+                               (dev_f, dev_b, dev_r), (host_f, host_b, host_r)):
+        added = added + np.maximum(dev + comm, host) - np.maximum(dev, host)
     return gas * added
 
 
@@ -348,6 +360,23 @@ def _pipeline_bubble_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     return (cfg.pp_size - 1) * (fwd + bwd + rec)
 
 
+def _pipeline_p2p_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch) -> Batch:
+    """Seconds per step of the activations and gradients pipeline stages hand each other. DeepSpeed's
+    PipelineEngine (runtime/pipe/engine.py:1024-1216, _exec_send_activations ... _exec_recv_grads) moves each
+    micro-batch's hidden states (micro-batch x seq x hidden, 16-bit) to the next stage and their gradient back
+    with blocking p2p.send / p2p.recv (runtime/pipe/p2p.py:46-84, async_op must be False), so each transfer
+    sits on the compute path of both stages. The busiest (last) stage receives one activation and sends one
+    gradient per micro-batch; the fill and drain carry the first micro-batch's across the other pp - 1 stage
+    boundaries each way. Adjacent stages are world / pp ranks apart (Megatron's rank order: tensor, data, then
+    pipeline), so on several nodes some boundary crosses the network: the data-parallel link's figures."""
+    if cfg.pp_size == 1:
+        return 0.0 * micro_batch
+    size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
+    bandwidth, latency = data_parallel_link(job, eff)
+    per_transfer = size / bandwidth + latency + eff.collective_launch_s
+    return 2 * (gas + cfg.pp_size - 1) * per_transfer
+
+
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
                       ) -> tuple[dict[str, Batch], Batch, Batch]:
     """(breakdown per TIME_TERMS, all data-parallel communication, model FLOPs per GPU) per optimizer step of
@@ -359,6 +388,7 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     per_micro_s, per_step_s = _overheads_s(job, cfg, eff)
     bubble = _pipeline_bubble_s(job, cfg, eff, micro_batch)
     breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
+                 "pipeline_p2p": _pipeline_p2p_s(job, cfg, eff, micro_batch, gas),
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
                  "optimizer_step": optimizer_s, "offload": offload_s,

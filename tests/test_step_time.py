@@ -155,3 +155,48 @@ def test_tensor_parallel_cost_matches_vtrain_at_equal_work_per_gpu(tp: int, meas
                    activation_checkpointing=ActivationCheckpointing(enabled=True))
     per_micro_step = estimate_time(job, cfg).breakdown_s["tensor_parallel_comm"] / 4
     assert per_micro_step == pytest.approx(measured_ms * 1e-3, rel=0.25)
+
+
+def _gpt_h1024_job(num_nodes: int = 1):
+    from zerotune.predictor.catalog import load_hardware
+    from zerotune.predictor.hardware import ClusterSpec
+    from zerotune.predictor.job import Job
+    model = ModelSpec(name="GPT-h1024-L12", num_layers=12, hidden_size=1024, num_heads=16, num_kv_heads=16,
+                      ffn_hidden_size=4096, vocab_size=50257, max_position_embeddings=1024)
+    return Job(model, ClusterSpec(load_hardware("a100-80gb"), num_nodes, 8), 1024)
+
+
+def test_cross_entropy_all_reduces_are_timed_at_one_fp32_value_per_token() -> None:
+    # Megatron's vocabulary-parallel cross-entropy all-reduces the logits' max, the target logit and the sum of
+    # exponentials: 3 tensors of batch x seq fp32 values (megatron/core/tensor_parallel/cross_entropy.py), not
+    # activations of batch x seq x hidden. Device-bound (no host floor), tp 2, micro-batch 4, seq 1024:
+    # 2 x 12 + 1 (embedding) activation all-reduces forward, 2 x 12 + 1 backward, 2 x 12 recompute, each of
+    # 4 x 1024 x 1024 x 2 B = 8.4 MB; and 3 of 4 x 1024 x 4 B = 16 KB.
+    from zerotune.predictor.step_time import tensor_parallel_allreduce_s
+    job = _gpt_h1024_job()
+    cfg = DSConfig(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1, precision="fp16", mp_size=2,
+                   activation_checkpointing=ActivationCheckpointing(enabled=True))
+    eff = Efficiency(kernel_launch_s=1e-9)
+    full = tensor_parallel_allreduce_s(job, cfg, eff, 4 * 1024 * 1024 * 2)
+    small = tensor_parallel_allreduce_s(job, cfg, eff, 4 * 1024 * 4)
+    got = estimate_time(job, cfg, eff).breakdown_s["tensor_parallel_comm"]
+    assert got == pytest.approx((25 + 25 + 24) * full + 3 * small, rel=1e-9)
+    # a 16 KB all-reduce costs its fixed 65 us, 2 ring steps of 8 us and Hockney's n_1/2 = 8 MB at 225 GB/s
+    # (36 us): 117 us, against 211 us for an 8.4 MB activation
+    assert small == pytest.approx(65e-6 + 2 * 8e-6 + (16384 + 8e6) / 225e9, rel=0.02)
+    assert full == pytest.approx(65e-6 + 2 * 8e-6 + (8388608 + 8e6) / 225e9, rel=0.02)
+
+
+@pytest.mark.parametrize("num_nodes,expected_ms", [(1, 1.436), (2, 9.997)])
+def test_pipeline_p2p_transfers_per_micro_batch(num_nodes: int, expected_ms: float) -> None:
+    # DeepSpeed's PipelineEngine sends each micro-batch's hidden states forward and their gradient back with
+    # blocking p2p.send / p2p.recv (runtime/pipe/engine.py:1024-1216, runtime/pipe/p2p.py:46-84). pp 4, gas 8,
+    # micro-batch 4 x seq 1024 x hidden 1024 x 2 B = 8.39 MB a transfer, 2 x (8 + 3) = 22 transfers on the
+    # critical path. One node: NVLink 300 GB/s x 0.75 -> 37.3 us + 8 us latency + 20 us launch = 65.3 us,
+    # 1.44 ms a step. Two nodes (a boundary crosses the network): 25 GB/s x 0.8 -> 419 us + 15 + 20 us = 454 us,
+    # 9.99 ms. (DGX A100 figures of data/hardware/a100-80gb.yaml.)
+    job = _gpt_h1024_job(num_nodes)
+    cfg = DSConfig(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=8, precision="fp16", pp_size=4,
+                   activation_checkpointing=ActivationCheckpointing(enabled=True))
+    assert estimate_time(job, cfg).breakdown_s["pipeline_p2p"] == pytest.approx(expected_ms * 1e-3, rel=0.01)
+    assert estimate_time(job, cfg.replace(pp_size=1)).breakdown_s["pipeline_p2p"] == 0.0
