@@ -385,8 +385,15 @@ def framework_efficiency(row: dict[str, Any], eff: Efficiency) -> Efficiency:
     """The runtime a row ran under. PyTorch FSDP shards like ZeRO-3 but gathers one flat parameter per wrapped
     block in C++ (torch/distributed/fsdp/_flat_param.py), with none of DeepSpeed's per-module Python hooks,
     per-tensor fetches or per-tensor gradient hooks (predictor/zero_mechanics.py), so those costs are not
-    charged to FSDP rows."""
-    if "fsdp" not in str(row.get("framework") or "").lower():
+    charged to FSDP rows. A Megatron row without a ZeRO stage runs Megatron's own data-parallel all-reduce and
+    mixed-precision optimizer (Float16OptimizerWithFloat16Params), whose inf/nan test is one multi-tensor
+    kernel and one all-reduce of a flag (megatron/optimizer/optimizer.py _unscale_main_grads_and_check_for_nan:
+    torch._amp_foreach_non_finite_check_and_unscale_), not DeepSpeed FP16_Optimizer's synchronising test of
+    every gradient (runtime/utils.py:291-295), so that per-tensor cost is not charged either."""
+    framework = str(row.get("framework") or "").lower()
+    if framework.startswith("megatron") and row["parallel"]["zero_stage"] is None:
+        return dataclasses.replace(eff, tensor_sync_check_s=0.0)
+    if "fsdp" not in framework:
         return eff
     return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, grad_hook_s=0.0)
 
