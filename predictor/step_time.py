@@ -124,16 +124,28 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
 
     Times come from the operator-level model (ops.py) of the busiest pipeline stage: its blocks, and the
     logits and loss, which the last stage runs (with one stage, the embedding too). Each phase takes the
-    longer of its kernels' device time and the host's launches of them. Model FLOPs are flops.py's count
+    longer of its kernels' device time and the host's launches of them, except that forward's tail (the
+    final norm, logits and loss, after the blocks) cannot start before the blocks end (_forward_s). Model FLOPs are flops.py's count
     spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
     m = job.model
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
     layers = cfg.stage_layers(m.num_layers)
-    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, b)
-    fwd, bwd, rec = np.maximum(dev_f, host_f), np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
+    dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = _stage_op_times(job, cfg, eff, b)
+    fwd = _forward_s(dev_f, host_f, dev_tail, host_tail)
+    bwd, rec = np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
     one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
     share = cfg.mp_size * m.num_layers / layers
     return fwd, bwd, rec, b * one.model_flops / share
+
+
+def _forward_s(dev_f: Batch, host_f: Batch, dev_tail: Batch, host_tail: Batch) -> Batch:
+    """Forward seconds: the blocks (with the embedding before them), then the tail (final norm, logits, loss),
+    each the longer of its device and host time. The host may queue kernels ahead of the device, so a phase
+    takes the longer of the two in bulk; but device time idled while the host launched the blocks (the
+    host-bound regime) cannot be spent on the tail's GEMMs, which the host has not launched yet: their
+    device time follows the blocks'. Backward starts with the tail (the logits' gradient GEMMs, during which
+    the host runs ahead), so it stays one bulk phase."""
+    return np.maximum(dev_f - dev_tail, host_f - host_tail) + np.maximum(dev_tail, host_tail)
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,7 @@ def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
 def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
               recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, ...]:
     """(forward, backward, recompute) device seconds of one stage at each micro-batch size, then the host's
-    seconds launching their kernels. Cached: the variants of a space differ in ZeRO knobs that leave compute
+    seconds launching their kernels, then forward's tail after the blocks (device, host seconds). Cached: the variants of a space differ in ZeRO knobs that leave compute
     alone, so ranking times each (model, device, sizes) once."""
     b = np.array(sizes)
     block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
@@ -177,7 +189,9 @@ def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layer
     host = (launch * (layers * block.forward_kernels + outer.forward_kernels),
             launch * (layers * block.backward_kernels + outer.backward_kernels),
             launch * layers * block.forward_kernels * recompute)
-    columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host)
+    tail = outer_times(model, b, seq_len, tp, rates, False)  # what follows the blocks: norm, logits, loss
+    tails = (tail.forward_s, launch * tail.forward_kernels)
+    columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host + tails)
     for column in columns:
         column.setflags(write=False)  # shared between callers through the cache
     return columns
@@ -185,7 +199,7 @@ def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layer
 
 def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> tuple[Batch, ...]:
     """_op_times of cfg's busiest stage, shaped like micro_batch: device (forward, backward, recompute) seconds,
-    then the host's (the same)."""
+    then the host's (the same), then forward's tail (device, host)."""
     rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     sizes = tuple(np.asarray(micro_batch, dtype=float).ravel())
     columns = _op_times(job.model, job.seq_len, rates, cfg.mp_size, cfg.stage_layers(job.model.num_layers),
@@ -299,11 +313,11 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     per_call = tensor_parallel_allreduce_s(job, cfg, eff, size)
     loss_calls = CROSS_ENTROPY_ALLREDUCES * (job.model.head == "lm")
     loss_s = loss_calls * tensor_parallel_allreduce_s(job, cfg, eff, micro_batch * job.seq_len * DTYPE_BYTES["fp32"])
-    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, micro_batch)
+    dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = _stage_op_times(job, cfg, eff, micro_batch)
     calls_f, calls_b, calls_r = _tensor_parallel_calls(job, cfg)
-    added = 0.0 * micro_batch
-    for comm, dev, host in zip((calls_f * per_call + loss_s, calls_b * per_call, calls_r * per_call),
-                               (dev_f, dev_b, dev_r), (host_f, host_b, host_r)):
+    forward = _forward_s(dev_f + calls_f * per_call + loss_s, host_f, dev_tail + loss_s, host_tail)
+    added = forward - _forward_s(dev_f, host_f, dev_tail, host_tail)
+    for comm, dev, host in zip((calls_b * per_call, calls_r * per_call), (dev_b, dev_r), (host_b, host_r)):
         added = added + np.maximum(dev + comm, host) - np.maximum(dev, host)
     return gas * added
 
