@@ -33,7 +33,7 @@ from zerotune.predictor.zero_mechanics import grad_reduction, runtime_overhead_s
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
-           "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES"]
+           "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "pipeline_p2p", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")
@@ -197,13 +197,36 @@ def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layer
     return columns
 
 
+def pipeline_stages(model: ModelSpec, pp: int) -> tuple[tuple[ModelSpec, int, bool], ...]:
+    """The pipeline stages that can be the busiest, as (what runs outside the blocks, blocks, embedding):
+    DeepSpeed's PipelineModule splits the blocks with partition_method 'type:transformer' (Megatron-DeepSpeed
+    GPTModelPipe's), a balanced partition of the blocks alone (runtime/pipe/module.py:412-417,
+    runtime/utils.py:627 partition_balanced) that gives the L mod pp extra blocks to the first stages: the
+    first stage runs ceil(L / pp) blocks after the embedding, the last floor(L / pp) blocks and then the final
+    norm, logits and loss. One stage runs everything."""
+    if pp == 1:
+        return ((model, model.num_layers, True),)
+    blocks_only = model.replace(head="none", final_norm=False)
+    return ((blocks_only, -(-model.num_layers // pp), True), (model, model.num_layers // pp, False))
+
+
 def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> tuple[Batch, ...]:
-    """_op_times of cfg's busiest stage, shaped like micro_batch: device (forward, backward, recompute) seconds,
-    then the host's (the same), then forward's tail (device, host)."""
+    """_op_times of cfg's busiest stage (pipeline_stages; at each micro-batch size the one with the longer
+    micro-step), shaped like micro_batch: device (forward, backward, recompute) seconds, then the host's (the
+    same), then forward's tail (device, host)."""
     rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     sizes = tuple(np.asarray(micro_batch, dtype=float).ravel())
-    columns = _op_times(job.model, job.seq_len, rates, cfg.mp_size, cfg.stage_layers(job.model.num_layers),
-                        cfg.pp_size == 1, cfg.activation_checkpointing.enabled, sizes)
+    columns: tuple[np.ndarray, ...] = ()
+    longest = None
+    for model, layers, embedding in pipeline_stages(job.model, cfg.pp_size):
+        stage = _op_times(model, job.seq_len, rates, cfg.mp_size, layers, embedding,
+                          cfg.activation_checkpointing.enabled, sizes)
+        total = sum(np.maximum(stage[i], stage[i + 3]) for i in range(3))
+        if longest is None:
+            columns, longest = stage, total
+        else:
+            slower = total > longest
+            columns, longest = tuple(np.where(slower, a, b) for a, b in zip(stage, columns)), np.maximum(total, longest)
     if isinstance(micro_batch, np.ndarray):
         return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
     return tuple(float(c[0]) for c in columns)

@@ -226,3 +226,18 @@ def test_forward_tail_follows_host_bound_blocks() -> None:
     big = compute_times(job, cfg.replace(train_micro_batch_size_per_gpu=8), EFF)[0]
     block8, outer8 = layer_times(job.model, 8, 1024, 1, rates), outer_times(job.model, 8, 1024, 1, rates, True)
     assert big == pytest.approx(12 * block8.forward_s + outer8.forward_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("layers,pp,first,last", [(78, 12, 7, 6), (70, 12, 6, 5), (78, 6, 13, 13), (20, 8, 3, 2)])
+def test_pipeline_stages_follow_deepspeeds_type_transformer_partition(layers: int, pp: int, first: int,
+                                                                      last: int) -> None:
+    # deepspeed 0.19 runtime/utils.py:627 partition_balanced over GPTModelPipe's layers weighted 1 per block
+    # ('type:transformer') gives 78 blocks on 12 stages as [7] * 6 + [6] * 6 and 20 on 8 as [3] * 4 + [2] * 4:
+    # the extra blocks go to the first stages, so the last (logits and loss) has floor(L / pp).
+    from zerotune.predictor.step_time import pipeline_stages
+    model = ModelSpec(name="gpt", num_layers=layers, hidden_size=1024, num_heads=16, num_kv_heads=16,
+                      ffn_hidden_size=4096, vocab_size=250880, max_position_embeddings=2048)
+    (head_model, n_first, emb_first), (tail_model, n_last, emb_last) = pipeline_stages(model, pp)
+    assert (n_first, emb_first, head_model.head) == (first, True, "none")
+    assert (n_last, emb_last, tail_model.head) == (last, False, "lm")
+    assert pipeline_stages(model, 1) == ((model, layers, True),)
