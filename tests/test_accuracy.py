@@ -90,8 +90,13 @@ def test_extension_only_rows_are_skipped_for_that_reason(scores) -> None:
 # uncalibrated: bloom 47 rows, Korthikanti Table 5 2 rows, llm-foundry 102, vtrain 720 + 62, the HF models on
 # 16 V100 23 rows (their ZeRO stage costs are modelled beside this; BERT runs in fp32 there). Megatron rows run
 # Megatron's GPT (not the Hugging Face entry their dimensions match), with its tensor-parallel all-reduces.
-SPEED_BOUNDS = [("bloom_tr11", 11.9, 15.0), ("korthikanti2022_table5", 23.8, 27.0),
-                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 13.4, 16.0), ("vtrain_single", 10.4, 14.0),
+# Re-measured with DeepSpeed's pipeline partition and p2p transfers, the forward tail after host-bound blocks
+# and Megatron's optimizer for rows without ZeRO (python -m zerotune.validate.accuracy --half test): BLOOM
+# 11.9 -> 9.9, vTrain single 11.2 -> 9.8 (bounds tightened); Korthikanti 23.8 -> 26.5 and vTrain multi
+# 13.6 -> 15.0 (their pipelines now pay the activation transfers between nodes that the model did not charge;
+# both were already predicted slow), bounds kept.
+SPEED_BOUNDS = [("bloom_tr11", 9.9, 12.0), ("korthikanti2022_table5", 26.5, 27.0),
+                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 15.0, 16.0), ("vtrain_single", 9.8, 12.0),
                 ("ds_autotuning_hf_v100", 29.2, 34.0)]
 
 
@@ -131,13 +136,25 @@ def test_fit_verdicts_agree_where_measured(scores) -> None:
 
 def test_ranking_guard_on_vtrain_single(test_half) -> None:
     # 72 groups of the test half (same model, GPUs and global batch, pipelined layouts included); zerotune's
-    # first pick is the measured best in 49 (68%) and reaches 96.2% of the best's throughput on average when
-    # written, with DeepSpeed's per-stage runtime costs (zero_mechanics.py) charged to these Megatron-DeepSpeed
-    # runs (before Megatron's tensor-parallel costs and stage-aware bubble: 40 / 72 and 95.1%).
+    # first pick is the measured best in 48 (67%) and reaches 96.6% of the best's throughput on average
+    # (python -m zerotune.validate.accuracy --half test), with DeepSpeed's per-stage runtime costs
+    # (zero_mechanics.py) charged to these Megatron-DeepSpeed runs (before Megatron's tensor-parallel costs and
+    # stage-aware bubble: 40 / 72 and 95.1%; before the forward tail and Megatron's optimizer: 49 / 72, 96.2%).
     s = test_half["vtrain_single"]
     assert len(s.rankings) == 72
     assert s.ranked_first_share >= 0.65
-    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.955
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.96
+
+
+def test_ranking_guard_on_bloom(test_half) -> None:
+    # 8 groups of BLOOM's test half (384 A100s, 2048 sequences a step, different tp / pp / micro-batch): the first
+    # pick is the measured best in 4 and reaches 90.6% of the best on average (--half test); 2 / 8 and 88.9%
+    # before the busiest stage followed DeepSpeed's type:transformer partition (the last stage, beside the
+    # 250k-vocabulary logits, runs floor(L / pp) blocks).
+    s = test_half["bloom_tr11"]
+    assert len(s.rankings) == 8
+    assert s.ranked_first_share >= 0.5
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.90
 
 
 def test_megatron_rows_run_megatrons_gpt_not_the_hugging_face_entry() -> None:
