@@ -1,0 +1,25 @@
+"""validate.misses lists the groups the ranking gets wrong, the same groups validate.accuracy counts."""
+
+from __future__ import annotations
+
+from zerotune.validate.accuracy import DEFAULT_DATA_DIR, read_rows, score_rows, split_rows
+from zerotune.validate.misses import format_group, groups, main
+
+
+def test_misses_agree_with_the_accuracy_report() -> None:
+    # BLOOM's test half: 8 comparable groups, the measured best ranked first in 4 (validate.accuracy --half test)
+    found = groups("bloom_tr11", "test")
+    score = score_rows("bloom_tr11", split_rows(read_rows(DEFAULT_DATA_DIR / "bloom_tr11.jsonl"), "test"))
+    assert len(found) == len(score.rankings) == 8
+    assert sum(g.hit for g in found) == sum(r.picked_best for r in score.rankings)
+    assert sorted(g.pick_share_of_best for g in found) == sorted(r.pick_share_of_best for r in score.rankings)
+    miss = next(g for g in found if not g.hit)
+    text = format_group(miss)
+    assert text.startswith("MISS") and "\n B" in text and "P " in text and "pipeline_bubble=" in text
+    measured = [m.speed.measured for m in miss.members]
+    assert measured == sorted(measured, reverse=True)
+
+
+def test_unknown_data_set_is_a_one_line_error(capsys) -> None:
+    assert main(["--data-set", "no_such_set"]) == 2
+    assert "no_such_set.jsonl" in capsys.readouterr().err
