@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from zerotune.predictor import estimate
+from zerotune.predictor import Efficiency, estimate
+from zerotune.predictor.zero_mechanics import wrapper_bytes_per_param
 from zerotune.predictor.flops import micro_batch_flops
-from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, DataSetScore, Skip, format_markdown, main,
+from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, MEGATRON_WRAPPER_BYTES_PER_PARAM, Case, Comparison, DataSetScore, Skip, format_markdown, main,
                                model_half, model_spec, rank_groups, read_rows, row_case, score_dir, score_rows,
-                               split_rows)
+                               framework_efficiency, split_rows)
 
 TEMPLATE: dict[str, Any] = {
     "source": "synthetic (tests/test_accuracy.py)", "value_quality": "synthetic",
@@ -136,14 +137,33 @@ def test_fit_verdicts_agree_where_measured(scores) -> None:
 
 def test_ranking_guard_on_vtrain_single(test_half) -> None:
     # 72 groups of the test half (same model, GPUs and global batch, pipelined layouts included); zerotune's
-    # first pick is the measured best in 48 (67%) and reaches 96.6% of the best's throughput on average
+    # first pick is the measured best in 52 (72%) and reaches 97.9% of the best's throughput on average
     # (python -m zerotune.validate.accuracy --half test), with DeepSpeed's per-stage runtime costs
     # (zero_mechanics.py) charged to these Megatron-DeepSpeed runs (before Megatron's tensor-parallel costs and
-    # stage-aware bubble: 40 / 72 and 95.1%; before the forward tail and Megatron's optimizer: 49 / 72, 96.2%).
+    # stage-aware bubble: 40 / 72 and 95.1%; before the forward tail and Megatron's optimizer: 49 / 72, 96.2%;
+    # before that optimizer's traffic replaced FP16_Optimizer's cast and flattening: 48 / 72, 96.6%).
     s = test_half["vtrain_single"]
     assert len(s.rankings) == 72
-    assert s.ranked_first_share >= 0.65
-    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.96
+    assert s.ranked_first_share >= 0.70
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.975
+
+
+def test_megatron_optimizer_moves_fewer_bytes_than_fp16_optimizer() -> None:
+    # A Megatron row without ZeRO: its optimizer's traffic around Adam is the norm, unscale and copy back (18 B
+    # per parameter) instead of FP16_Optimizer's 32 (cast to fp32 and flattening too); the per-step cost
+    # vTrain measured at dp 1 (tp 2-8, 20-layer 2048-wide model, validate.misses --accumulation --half fit) is
+    # ~0.67 of the 62 B model before, so the change is in the measured direction.
+    row = make_row(framework="Megatron-DeepSpeed", precision="fp16", parallel={"zero_stage": None})
+    case = case_of(row)
+    base = Efficiency()
+    megatron = framework_efficiency(row, base, case.config)
+    assert wrapper_bytes_per_param(case.config) == 32
+    total = megatron.optimizer_bytes_per_param + wrapper_bytes_per_param(case.config)  # what the step model reads
+    assert total == base.optimizer_bytes_per_param + MEGATRON_WRAPPER_BYTES_PER_PARAM == 30 + 18
+    assert megatron.tensor_sync_check_s == 0.0
+    assert framework_efficiency(row, base).optimizer_bytes_per_param == base.optimizer_bytes_per_param
+    deepspeed = make_row(framework="DeepSpeed", precision="fp16", parallel={"zero_stage": 0})
+    assert framework_efficiency(deepspeed, base, case_of(deepspeed).config) == base
 
 
 def test_ranking_guard_on_bloom(test_half) -> None:

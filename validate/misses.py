@@ -62,7 +62,7 @@ def groups(name: str, half: Half = "fit", eff: Efficiency = Efficiency()) -> lis
         if isinstance(case, Skip):
             continue
         try:
-            est = estimate(case.job, case.config, framework_efficiency(row, eff))
+            est = estimate(case.job, case.config, framework_efficiency(row, eff, case.config))
         except ValueError:
             continue
         speed = _speed(case, est)
@@ -121,7 +121,7 @@ def accumulation_fits(name: str, half: Half = "fit", eff: Efficiency = Efficienc
         if isinstance(case, Skip) or "step_time_s" not in row["metrics"]:
             continue
         try:
-            est = estimate(case.job, case.config, framework_efficiency(row, eff))
+            est = estimate(case.job, case.config, framework_efficiency(row, eff, case.config))
         except ValueError:
             continue
         cfg, m = case.config, case.job.model
