@@ -33,9 +33,9 @@ from zerotune.predictor.zero_mechanics import grad_reduction, runtime_overhead_s
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
-           "TIME_TERMS", "tensor_parallel_allreduce_s"]
+           "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages"]
 
-TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "exposed_comm", "tensor_parallel_comm",
+TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "pipeline_p2p", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")
 Batch = Union[int, float, np.ndarray]
 """A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
@@ -124,16 +124,28 @@ def compute_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch |
 
     Times come from the operator-level model (ops.py) of the busiest pipeline stage: its blocks, and the
     logits and loss, which the last stage runs (with one stage, the embedding too). Each phase takes the
-    longer of its kernels' device time and the host's launches of them. Model FLOPs are flops.py's count
+    longer of its kernels' device time and the host's launches of them, except that forward's tail (the
+    final norm, logits and loss, after the blocks) cannot start before the blocks end (_forward_s). Model FLOPs are flops.py's count
     spread evenly over the model-parallel ranks (what MFU and DeepSpeed's FLOPS metric count)."""
     m = job.model
     b = cfg.train_micro_batch_size_per_gpu if micro_batch is None else micro_batch
     layers = cfg.stage_layers(m.num_layers)
-    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, b)
-    fwd, bwd, rec = np.maximum(dev_f, host_f), np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
+    dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = _stage_op_times(job, cfg, eff, b)
+    fwd = _forward_s(dev_f, host_f, dev_tail, host_tail)
+    bwd, rec = np.maximum(dev_b, host_b), np.maximum(dev_r, host_r)
     one = micro_batch_flops(m, 1, job.seq_len, cfg.activation_checkpointing.enabled)
     share = cfg.mp_size * m.num_layers / layers
     return fwd, bwd, rec, b * one.model_flops / share
+
+
+def _forward_s(dev_f: Batch, host_f: Batch, dev_tail: Batch, host_tail: Batch) -> Batch:
+    """Forward seconds: the blocks (with the embedding before them), then the tail (final norm, logits, loss),
+    each the longer of its device and host time. The host may queue kernels ahead of the device, so a phase
+    takes the longer of the two in bulk; but device time idled while the host launched the blocks (the
+    host-bound regime) cannot be spent on the tail's GEMMs, which the host has not launched yet: their
+    device time follows the blocks'. Backward starts with the tail (the logits' gradient GEMMs, during which
+    the host runs ahead), so it stays one bulk phase."""
+    return np.maximum(dev_f - dev_tail, host_f - host_tail) + np.maximum(dev_tail, host_tail)
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,7 @@ def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
 def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
               recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, ...]:
     """(forward, backward, recompute) device seconds of one stage at each micro-batch size, then the host's
-    seconds launching their kernels. Cached: the variants of a space differ in ZeRO knobs that leave compute
+    seconds launching their kernels, then forward's tail after the blocks (device, host seconds). Cached: the variants of a space differ in ZeRO knobs that leave compute
     alone, so ranking times each (model, device, sizes) once."""
     b = np.array(sizes)
     block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
@@ -177,19 +189,44 @@ def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layer
     host = (launch * (layers * block.forward_kernels + outer.forward_kernels),
             launch * (layers * block.backward_kernels + outer.backward_kernels),
             launch * layers * block.forward_kernels * recompute)
-    columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host)
+    tail = outer_times(model, b, seq_len, tp, rates, False)  # what follows the blocks: norm, logits, loss
+    tails = (tail.forward_s, launch * tail.forward_kernels)
+    columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host + tails)
     for column in columns:
         column.setflags(write=False)  # shared between callers through the cache
     return columns
 
 
+def pipeline_stages(model: ModelSpec, pp: int) -> tuple[tuple[ModelSpec, int, bool], ...]:
+    """The pipeline stages that can be the busiest, as (what runs outside the blocks, blocks, embedding):
+    DeepSpeed's PipelineModule splits the blocks with partition_method 'type:transformer' (Megatron-DeepSpeed
+    GPTModelPipe's), a balanced partition of the blocks alone (runtime/pipe/module.py:412-417,
+    runtime/utils.py:627 partition_balanced) that gives the L mod pp extra blocks to the first stages: the
+    first stage runs ceil(L / pp) blocks after the embedding, the last floor(L / pp) blocks and then the final
+    norm, logits and loss. One stage runs everything."""
+    if pp == 1:
+        return ((model, model.num_layers, True),)
+    blocks_only = model.replace(head="none", final_norm=False)
+    return ((blocks_only, -(-model.num_layers // pp), True), (model, model.num_layers // pp, False))
+
+
 def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch) -> tuple[Batch, ...]:
-    """_op_times of cfg's busiest stage, shaped like micro_batch: device (forward, backward, recompute) seconds,
-    then the host's (the same)."""
+    """_op_times of cfg's busiest stage (pipeline_stages; at each micro-batch size the one with the longer
+    micro-step), shaped like micro_batch: device (forward, backward, recompute) seconds, then the host's (the
+    same), then forward's tail (device, host)."""
     rates = device_rates(job.cluster.hardware, cfg.precision, eff)
     sizes = tuple(np.asarray(micro_batch, dtype=float).ravel())
-    columns = _op_times(job.model, job.seq_len, rates, cfg.mp_size, cfg.stage_layers(job.model.num_layers),
-                        cfg.pp_size == 1, cfg.activation_checkpointing.enabled, sizes)
+    columns: tuple[np.ndarray, ...] = ()
+    longest = None
+    for model, layers, embedding in pipeline_stages(job.model, cfg.pp_size):
+        stage = _op_times(model, job.seq_len, rates, cfg.mp_size, layers, embedding,
+                          cfg.activation_checkpointing.enabled, sizes)
+        total = sum(np.maximum(stage[i], stage[i + 3]) for i in range(3))
+        if longest is None:
+            columns, longest = stage, total
+        else:
+            slower = total > longest
+            columns, longest = tuple(np.where(slower, a, b) for a, b in zip(stage, columns)), np.maximum(total, longest)
     if isinstance(micro_batch, np.ndarray):
         return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
     return tuple(float(c[0]) for c in columns)
@@ -257,16 +294,24 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
+CROSS_ENTROPY_ALLREDUCES = 3
+"""Forward all-reduces of Megatron's vocabulary-parallel cross-entropy, each of one fp32 value per token: the
+logits' max, the target logit and the sum of exponentials (Megatron-DeepSpeed megatron/core/tensor_parallel/
+cross_entropy.py _VocabParallelCrossEntropy.forward: three torch.distributed.all_reduce calls on tensors of
+the batch x sequence shape)."""
+
+
 def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> tuple[int, int, int]:
-    """Megatron's activation all-reduces per micro-step of the busiest stage, (forward, backward, recompute):
-    two per block each way (after attention's and the MLP's row-parallel GEMM in forward, before their
-    column-parallel GEMMs in backward; Shoeybi et al. 2019, fig. 3-4); the vocabulary-parallel embedding's sum
-    on the first stage; on the last, cross-entropy's max, sum-exp and target logit forward and the logits'
-    input gradient backward (Megatron-LM mpu/layers.py VocabParallelEmbedding, mpu/cross_entropy.py)."""
+    """Megatron's activation-sized all-reduces (micro-batch x seq x hidden) per micro-step of the busiest stage,
+    (forward, backward, recompute): two per block each way (after attention's and the MLP's row-parallel GEMM in
+    forward, before their column-parallel GEMMs in backward; Shoeybi et al. 2019, fig. 3-4); the
+    vocabulary-parallel embedding's sum on the first stage; on the last, the logits' input gradient backward
+    (Megatron-LM mpu/layers.py VocabParallelEmbedding, parallel_lm_logits). Cross-entropy's per-token
+    all-reduces are CROSS_ENTROPY_ALLREDUCES, timed at their own size."""
     layers = cfg.stage_layers(job.model.num_layers)
     lm = 1 if job.model.head == "lm" else 0
     recompute = 2 * layers if cfg.activation_checkpointing.enabled else 0
-    return 2 * layers + (1 if cfg.pp_size == 1 else 0) + 3 * lm, 2 * layers + lm, recompute
+    return 2 * layers + (1 if cfg.pp_size == 1 else 0), 2 * layers + lm, recompute
 
 
 def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_bytes: Batch) -> Batch:
@@ -289,10 +334,14 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
         return 0.0 * micro_batch
     size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
     per_call = tensor_parallel_allreduce_s(job, cfg, eff, size)
-    dev_f, dev_b, dev_r, host_f, host_b, host_r = _stage_op_times(job, cfg, eff, micro_batch)
-    added = 0.0 * micro_batch
-    for calls, dev, host in zip(_tensor_parallel_calls(job, cfg), (dev_f, dev_b, dev_r), (host_f, host_b, host_r)):
-        added = added + np.maximum(dev + calls * per_call, host) - np.maximum(dev, host)
+    loss_calls = CROSS_ENTROPY_ALLREDUCES * (job.model.head == "lm")
+    loss_s = loss_calls * tensor_parallel_allreduce_s(job, cfg, eff, micro_batch * job.seq_len * DTYPE_BYTES["fp32"])
+    dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = _stage_op_times(job, cfg, eff, micro_batch)
+    calls_f, calls_b, calls_r = _tensor_parallel_calls(job, cfg)
+    forward = _forward_s(dev_f + calls_f * per_call + loss_s, host_f, dev_tail + loss_s, host_tail)
+    added = forward - _forward_s(dev_f, host_f, dev_tail, host_tail)
+    for comm, dev, host in zip((calls_b * per_call, calls_r * per_call), (dev_b, dev_r), (host_b, host_r)):
+        added = added + np.maximum(dev + comm, host) - np.maximum(dev, host)
     return gas * added
 
 
@@ -348,6 +397,23 @@ def _pipeline_bubble_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     return (cfg.pp_size - 1) * (fwd + bwd + rec)
 
 
+def _pipeline_p2p_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch) -> Batch:
+    """Seconds per step of the activations and gradients pipeline stages hand each other. DeepSpeed's
+    PipelineEngine (runtime/pipe/engine.py:1024-1216, _exec_send_activations ... _exec_recv_grads) moves each
+    micro-batch's hidden states (micro-batch x seq x hidden, 16-bit) to the next stage and their gradient back
+    with blocking p2p.send / p2p.recv (runtime/pipe/p2p.py:46-84, async_op must be False), so each transfer
+    sits on the compute path of both stages. The busiest (last) stage receives one activation and sends one
+    gradient per micro-batch; the fill and drain carry the first micro-batch's across the other pp - 1 stage
+    boundaries each way. Adjacent stages are world / pp ranks apart (Megatron's rank order: tensor, data, then
+    pipeline), so on several nodes some boundary crosses the network: the data-parallel link's figures."""
+    if cfg.pp_size == 1:
+        return 0.0 * micro_batch
+    size = micro_batch * job.seq_len * job.model.hidden_size * DTYPE_BYTES[cfg.precision]
+    bandwidth, latency = data_parallel_link(job, eff)
+    per_transfer = size / bandwidth + latency + eff.collective_launch_s
+    return 2 * (gas + cfg.pp_size - 1) * per_transfer
+
+
 def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch, gas: Batch
                       ) -> tuple[dict[str, Batch], Batch, Batch]:
     """(breakdown per TIME_TERMS, all data-parallel communication, model FLOPs per GPU) per optimizer step of
@@ -359,6 +425,7 @@ def step_time_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Bat
     per_micro_s, per_step_s = _overheads_s(job, cfg, eff)
     bubble = _pipeline_bubble_s(job, cfg, eff, micro_batch)
     breakdown = {"forward": gas * fwd, "backward": gas * bwd, "recompute": gas * rec, "pipeline_bubble": bubble,
+                 "pipeline_p2p": _pipeline_p2p_s(job, cfg, eff, micro_batch, gas),
                  "exposed_comm": exposed,
                  "tensor_parallel_comm": _tensor_parallel_s(job, cfg, eff, micro_batch, gas),
                  "optimizer_step": optimizer_s, "offload": offload_s,

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from zerotune.predictor import estimate
+from zerotune.predictor import Efficiency, estimate
+from zerotune.predictor.zero_mechanics import wrapper_bytes_per_param
 from zerotune.predictor.flops import micro_batch_flops
-from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, DataSetScore, Skip, format_markdown, main,
+from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, MEGATRON_WRAPPER_BYTES_PER_PARAM, Case, Comparison, DataSetScore, Skip, format_markdown, main,
                                model_half, model_spec, rank_groups, read_rows, row_case, score_dir, score_rows,
-                               split_rows)
+                               framework_efficiency, split_rows)
 
 TEMPLATE: dict[str, Any] = {
     "source": "synthetic (tests/test_accuracy.py)", "value_quality": "synthetic",
@@ -90,8 +91,13 @@ def test_extension_only_rows_are_skipped_for_that_reason(scores) -> None:
 # uncalibrated: bloom 47 rows, Korthikanti Table 5 2 rows, llm-foundry 102, vtrain 720 + 62, the HF models on
 # 16 V100 23 rows (their ZeRO stage costs are modelled beside this; BERT runs in fp32 there). Megatron rows run
 # Megatron's GPT (not the Hugging Face entry their dimensions match), with its tensor-parallel all-reduces.
-SPEED_BOUNDS = [("bloom_tr11", 11.9, 15.0), ("korthikanti2022_table5", 23.8, 27.0),
-                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 13.4, 16.0), ("vtrain_single", 10.4, 14.0),
+# Re-measured with DeepSpeed's pipeline partition and p2p transfers, the forward tail after host-bound blocks
+# and Megatron's optimizer for rows without ZeRO (python -m zerotune.validate.accuracy --half test): BLOOM
+# 11.9 -> 9.9, vTrain single 11.2 -> 9.8 (bounds tightened); Korthikanti 23.8 -> 26.5 and vTrain multi
+# 13.6 -> 15.0 (their pipelines now pay the activation transfers between nodes that the model did not charge;
+# both were already predicted slow), bounds kept.
+SPEED_BOUNDS = [("bloom_tr11", 9.9, 12.0), ("korthikanti2022_table5", 26.5, 27.0),
+                ("llmfoundry_mpt_fsdp", 15.4, 19.0), ("vtrain_multi", 15.0, 16.0), ("vtrain_single", 9.8, 12.0),
                 ("ds_autotuning_hf_v100", 29.2, 34.0)]
 
 
@@ -131,13 +137,44 @@ def test_fit_verdicts_agree_where_measured(scores) -> None:
 
 def test_ranking_guard_on_vtrain_single(test_half) -> None:
     # 72 groups of the test half (same model, GPUs and global batch, pipelined layouts included); zerotune's
-    # first pick is the measured best in 49 (68%) and reaches 96.2% of the best's throughput on average when
-    # written, with DeepSpeed's per-stage runtime costs (zero_mechanics.py) charged to these Megatron-DeepSpeed
-    # runs (before Megatron's tensor-parallel costs and stage-aware bubble: 40 / 72 and 95.1%).
+    # first pick is the measured best in 52 (72%) and reaches 97.9% of the best's throughput on average
+    # (python -m zerotune.validate.accuracy --half test), with DeepSpeed's per-stage runtime costs
+    # (zero_mechanics.py) charged to these Megatron-DeepSpeed runs (before Megatron's tensor-parallel costs and
+    # stage-aware bubble: 40 / 72 and 95.1%; before the forward tail and Megatron's optimizer: 49 / 72, 96.2%;
+    # before that optimizer's traffic replaced FP16_Optimizer's cast and flattening: 48 / 72, 96.6%).
     s = test_half["vtrain_single"]
     assert len(s.rankings) == 72
-    assert s.ranked_first_share >= 0.65
-    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.955
+    assert s.ranked_first_share >= 0.70
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.975
+
+
+def test_megatron_optimizer_moves_fewer_bytes_than_fp16_optimizer() -> None:
+    # A Megatron row without ZeRO: its optimizer's traffic around Adam is the norm, unscale and copy back (18 B
+    # per parameter) instead of FP16_Optimizer's 32 (cast to fp32 and flattening too); the per-step cost
+    # vTrain measured at dp 1 (tp 2-8, 20-layer 2048-wide model, validate.misses --accumulation --half fit) is
+    # ~0.67 of the 62 B model before, so the change is in the measured direction.
+    row = make_row(framework="Megatron-DeepSpeed", precision="fp16", parallel={"zero_stage": None})
+    case = case_of(row)
+    base = Efficiency()
+    megatron = framework_efficiency(row, base, case.config)
+    assert wrapper_bytes_per_param(case.config) == 32
+    total = megatron.optimizer_bytes_per_param + wrapper_bytes_per_param(case.config)  # what the step model reads
+    assert total == base.optimizer_bytes_per_param + MEGATRON_WRAPPER_BYTES_PER_PARAM == 30 + 18
+    assert megatron.tensor_sync_check_s == 0.0
+    assert framework_efficiency(row, base).optimizer_bytes_per_param == base.optimizer_bytes_per_param
+    deepspeed = make_row(framework="DeepSpeed", precision="fp16", parallel={"zero_stage": 0})
+    assert framework_efficiency(deepspeed, base, case_of(deepspeed).config) == base
+
+
+def test_ranking_guard_on_bloom(test_half) -> None:
+    # 8 groups of BLOOM's test half (384 A100s, 2048 sequences a step, different tp / pp / micro-batch): the first
+    # pick is the measured best in 4 and reaches 90.6% of the best on average (--half test); 2 / 8 and 88.9%
+    # before the busiest stage followed DeepSpeed's type:transformer partition (the last stage, beside the
+    # 250k-vocabulary logits, runs floor(L / pp) blocks).
+    s = test_half["bloom_tr11"]
+    assert len(s.rankings) == 8
+    assert s.ranked_first_share >= 0.5
+    assert sum(g.pick_share_of_best for g in s.rankings) / len(s.rankings) >= 0.90
 
 
 def test_megatron_rows_run_megatrons_gpt_not_the_hugging_face_entry() -> None:

@@ -155,3 +155,89 @@ def test_tensor_parallel_cost_matches_vtrain_at_equal_work_per_gpu(tp: int, meas
                    activation_checkpointing=ActivationCheckpointing(enabled=True))
     per_micro_step = estimate_time(job, cfg).breakdown_s["tensor_parallel_comm"] / 4
     assert per_micro_step == pytest.approx(measured_ms * 1e-3, rel=0.25)
+
+
+def _gpt_h1024_job(num_nodes: int = 1):
+    from zerotune.predictor.catalog import load_hardware
+    from zerotune.predictor.hardware import ClusterSpec
+    from zerotune.predictor.job import Job
+    model = ModelSpec(name="GPT-h1024-L12", num_layers=12, hidden_size=1024, num_heads=16, num_kv_heads=16,
+                      ffn_hidden_size=4096, vocab_size=50257, max_position_embeddings=1024)
+    return Job(model, ClusterSpec(load_hardware("a100-80gb"), num_nodes, 8), 1024)
+
+
+def test_cross_entropy_all_reduces_are_timed_at_one_fp32_value_per_token() -> None:
+    # Megatron's vocabulary-parallel cross-entropy all-reduces the logits' max, the target logit and the sum of
+    # exponentials: 3 tensors of batch x seq fp32 values (megatron/core/tensor_parallel/cross_entropy.py), not
+    # activations of batch x seq x hidden. Device-bound (no host floor), tp 2, micro-batch 4, seq 1024:
+    # 2 x 12 + 1 (embedding) activation all-reduces forward, 2 x 12 + 1 backward, 2 x 12 recompute, each of
+    # 4 x 1024 x 1024 x 2 B = 8.4 MB; and 3 of 4 x 1024 x 4 B = 16 KB.
+    from zerotune.predictor.step_time import tensor_parallel_allreduce_s
+    job = _gpt_h1024_job()
+    cfg = DSConfig(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1, precision="fp16", mp_size=2,
+                   activation_checkpointing=ActivationCheckpointing(enabled=True))
+    eff = Efficiency(kernel_launch_s=1e-9)
+    full = tensor_parallel_allreduce_s(job, cfg, eff, 4 * 1024 * 1024 * 2)
+    small = tensor_parallel_allreduce_s(job, cfg, eff, 4 * 1024 * 4)
+    got = estimate_time(job, cfg, eff).breakdown_s["tensor_parallel_comm"]
+    assert got == pytest.approx((25 + 25 + 24) * full + 3 * small, rel=1e-9)
+    # a 16 KB all-reduce costs its fixed 65 us, 2 ring steps of 8 us and Hockney's n_1/2 = 8 MB at 225 GB/s
+    # (36 us): 117 us, against 211 us for an 8.4 MB activation
+    assert small == pytest.approx(65e-6 + 2 * 8e-6 + (16384 + 8e6) / 225e9, rel=0.02)
+    assert full == pytest.approx(65e-6 + 2 * 8e-6 + (8388608 + 8e6) / 225e9, rel=0.02)
+
+
+@pytest.mark.parametrize("num_nodes,expected_ms", [(1, 1.436), (2, 9.997)])
+def test_pipeline_p2p_transfers_per_micro_batch(num_nodes: int, expected_ms: float) -> None:
+    # DeepSpeed's PipelineEngine sends each micro-batch's hidden states forward and their gradient back with
+    # blocking p2p.send / p2p.recv (runtime/pipe/engine.py:1024-1216, runtime/pipe/p2p.py:46-84). pp 4, gas 8,
+    # micro-batch 4 x seq 1024 x hidden 1024 x 2 B = 8.39 MB a transfer, 2 x (8 + 3) = 22 transfers on the
+    # critical path. One node: NVLink 300 GB/s x 0.75 -> 37.3 us + 8 us latency + 20 us launch = 65.3 us,
+    # 1.44 ms a step. Two nodes (a boundary crosses the network): 25 GB/s x 0.8 -> 419 us + 15 + 20 us = 454 us,
+    # 9.99 ms. (DGX A100 figures of data/hardware/a100-80gb.yaml.)
+    job = _gpt_h1024_job(num_nodes)
+    cfg = DSConfig(train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=8, precision="fp16", pp_size=4,
+                   activation_checkpointing=ActivationCheckpointing(enabled=True))
+    assert estimate_time(job, cfg).breakdown_s["pipeline_p2p"] == pytest.approx(expected_ms * 1e-3, rel=0.01)
+    assert estimate_time(job, cfg.replace(pp_size=1)).breakdown_s["pipeline_p2p"] == 0.0
+
+
+def test_forward_tail_follows_host_bound_blocks() -> None:
+    # Host-bound regime (GPT-h1024-L12 at micro-batch 1 on an A100, vTrain's smallest runs): the 12 blocks' forward
+    # (with the embedding) is 5.1 ms of device work launched over 12.15 ms of host time (243 kernels at 50 us),
+    # so the device idles; the final norm, logits GEMM and loss (0.81 ms of device time, 5 kernels) are launched
+    # after the blocks and cannot use that idle time: forward = 12.15 + 0.81 = 12.96 ms, not the bulk
+    # max(5.9, 12.4) = 12.4 ms.
+    from zerotune.predictor.ops import device_rates, layer_times, outer_times
+    from zerotune.predictor.step_time import compute_times
+    job = _gpt_h1024_job()
+    cfg = DSConfig(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, precision="fp16",
+                   activation_checkpointing=ActivationCheckpointing(enabled=True))
+    rates = device_rates(job.cluster.hardware, "fp16", EFF)
+    block, outer = layer_times(job.model, 1, 1024, 1, rates), outer_times(job.model, 1, 1024, 1, rates, True)
+    tail = outer_times(job.model, 1, 1024, 1, rates, False)
+    blocks_dev = 12 * block.forward_s + outer.forward_s - tail.forward_s
+    blocks_host = rates.kernel_launch_s * (12 * block.forward_kernels + outer.forward_kernels - tail.forward_kernels)
+    assert blocks_host > blocks_dev  # host-bound
+    forward = compute_times(job, cfg, EFF)[0]
+    assert forward == pytest.approx(blocks_host + tail.forward_s, rel=1e-9)
+    assert forward == pytest.approx(12.96e-3, rel=0.01)
+    # device-bound (micro-batch 8): the host runs ahead, the phase is the device's sum as before
+    big = compute_times(job, cfg.replace(train_micro_batch_size_per_gpu=8), EFF)[0]
+    block8, outer8 = layer_times(job.model, 8, 1024, 1, rates), outer_times(job.model, 8, 1024, 1, rates, True)
+    assert big == pytest.approx(12 * block8.forward_s + outer8.forward_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("layers,pp,first,last", [(78, 12, 7, 6), (70, 12, 6, 5), (78, 6, 13, 13), (20, 8, 3, 2)])
+def test_pipeline_stages_follow_deepspeeds_type_transformer_partition(layers: int, pp: int, first: int,
+                                                                      last: int) -> None:
+    # deepspeed 0.19 runtime/utils.py:627 partition_balanced over GPTModelPipe's layers weighted 1 per block
+    # ('type:transformer') gives 78 blocks on 12 stages as [7] * 6 + [6] * 6 and 20 on 8 as [3] * 4 + [2] * 4:
+    # the extra blocks go to the first stages, so the last (logits and loss) has floor(L / pp).
+    from zerotune.predictor.step_time import pipeline_stages
+    model = ModelSpec(name="gpt", num_layers=layers, hidden_size=1024, num_heads=16, num_kv_heads=16,
+                      ffn_hidden_size=4096, vocab_size=250880, max_position_embeddings=2048)
+    (head_model, n_first, emb_first), (tail_model, n_last, emb_last) = pipeline_stages(model, pp)
+    assert (n_first, emb_first, head_model.head) == (first, True, "none")
+    assert (n_last, emb_last, tail_model.head) == (last, False, "lm")
+    assert pipeline_stages(model, 1) == ((model, layers, True),)

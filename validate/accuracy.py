@@ -44,9 +44,10 @@ from zerotune.predictor.dsconfig import ActivationCheckpointing, ZeroConfig
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.hardware import HardwareSpec
 from zerotune.predictor.memory import state_bytes
+from zerotune.predictor.zero_mechanics import wrapper_bytes_per_param
 from zerotune.predictor.units import TERA
 
-__all__ = ["Half", "model_half", "split_rows", "model_spec", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
+__all__ = ["Half", "model_half", "split_rows", "model_spec", "framework_efficiency", "MEGATRON_WRAPPER_BYTES_PER_PARAM", "Case", "Skip", "Comparison", "Verdict", "GroupRanking", "DataSetScore", "row_case", "read_rows",
            "score_rows", "score_dir", "format_markdown", "main", "SPEED_METRICS", "DEFAULT_DATA_DIR"]
 
 Half = Literal["fit", "test"]
@@ -381,12 +382,35 @@ class _RowScore:
     metric_skips: tuple[Skip, ...]
 
 
-def framework_efficiency(row: dict[str, Any], eff: Efficiency) -> Efficiency:
+MEGATRON_WRAPPER_BYTES_PER_PARAM = 4 + 8 + 6
+"""Memory traffic per parameter of Megatron's mixed-precision optimizer around the Adam update
+(Megatron-DeepSpeed megatron/optimizer/optimizer.py Float16OptimizerWithFloat16Params.step): the gradient norm
+(read 4), the fused unscale and inf/nan check (read 4, write 4) and the copy of the fp32 main parameters back
+into the 16-bit ones (read 4, write 2). The gradients already sit in fp32 main_grad buffers, where Megatron's
+DistributedDataParallel accumulates them (megatron/model/distributed.py), and the multi-tensor kernels work on
+lists of tensors, so there is no cast to fp32 and no flattening, unlike DeepSpeed's FP16_Optimizer
+(zero_mechanics.wrapper_bytes_per_param)."""
+
+
+def framework_efficiency(row: dict[str, Any], eff: Efficiency, config: DSConfig | None = None) -> Efficiency:
     """The runtime a row ran under. PyTorch FSDP shards like ZeRO-3 but gathers one flat parameter per wrapped
     block in C++ (torch/distributed/fsdp/_flat_param.py), with none of DeepSpeed's per-module Python hooks,
     per-tensor fetches or per-tensor gradient hooks (predictor/zero_mechanics.py), so those costs are not
-    charged to FSDP rows."""
-    if "fsdp" not in str(row.get("framework") or "").lower():
+    charged to FSDP rows. A Megatron row without a ZeRO stage runs Megatron's own data-parallel all-reduce and
+    mixed-precision optimizer (Float16OptimizerWithFloat16Params), whose inf/nan test is one multi-tensor
+    kernel and one all-reduce of a flag (megatron/optimizer/optimizer.py _unscale_main_grads_and_check_for_nan:
+    torch._amp_foreach_non_finite_check_and_unscale_), not DeepSpeed FP16_Optimizer's synchronising test of
+    every gradient (runtime/utils.py:291-295), so that per-tensor cost is not charged either; given the row's
+    configuration, its optimizer moves MEGATRON_WRAPPER_BYTES_PER_PARAM around Adam instead of DeepSpeed's
+    wrapper's bytes (the difference comes off optimizer_bytes_per_param, the one knob the step model reads)."""
+    framework = str(row.get("framework") or "").lower()
+    if framework.startswith("megatron") and row["parallel"]["zero_stage"] is None:
+        saved = 0.0
+        if config is not None and config.precision != "fp32":
+            saved = max(0.0, wrapper_bytes_per_param(config) - MEGATRON_WRAPPER_BYTES_PER_PARAM)
+        return dataclasses.replace(eff, tensor_sync_check_s=0.0,
+                                   optimizer_bytes_per_param=eff.optimizer_bytes_per_param - saved)
+    if "fsdp" not in framework:
         return eff
     return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, grad_hook_s=0.0)
 
@@ -400,7 +424,7 @@ def _score_row(row_id: str, row: dict[str, Any], eff: Efficiency) -> tuple[Case 
     if isinstance(case, Skip):
         return case
     try:
-        est = estimate(case.job, case.config, framework_efficiency(row, eff))
+        est = estimate(case.job, case.config, framework_efficiency(row, eff, case.config))
     except ValueError as exc:
         return Skip(row_id, str(exc))
     ran = bool(set(row["metrics"]) & RUN_METRICS)
