@@ -249,8 +249,9 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
             "inter_node_bandwidth_gb_per_s", "inter_node_latency_us", "host_to_device_gb_per_s",
             "gpus_per_node", "host_memory_gib", "source", "fp32_matmul_tflops", "fp16_matmul_tflops",
             "bf16_matmul_tflops", "achievable_memory_bandwidth_gb_per_s", "kernel_launch_us", "num_compute_units",
-            "achievable_source"}
-_HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops"}
+            "achievable_source", "comm_compute_overlap", "comm_compute_overlap_source"}
+_HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops", "comm_compute_overlap",
+                "comm_compute_overlap_source"}
 
 
 HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
@@ -288,6 +289,16 @@ def _number(path: Path, doc: dict[str, Any], key: str) -> float:
     if key == "gpus_per_node" and not float(value).is_integer():
         raise ValueError(f"{path}: gpus_per_node must be a whole number of devices, got {value!r}")
     return float(value)
+
+
+def _overlap(path: Path, doc: dict[str, Any]) -> bool:
+    """comm_compute_overlap: true (the default, devices with streams) or false; anything else is refused: a quoted
+    'false' is a non-empty string, which Python would take as true."""
+    value = doc.get("comm_compute_overlap", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: comm_compute_overlap must be true or false, got {value!r} (false: the device "
+                         f"cannot run communication beside compute, e.g. a CPU rank under gloo)")
+    return value
 
 
 def load_hardware(name_or_path: str) -> HardwareSpec:
@@ -328,4 +339,5 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         num_compute_units=int(_number(path, doc, "num_compute_units")),
         achievable_source=str(doc["achievable_source"]),
         source=str(doc["source"]),
+        comm_compute_overlap=_overlap(path, doc),
     )

@@ -47,6 +47,12 @@ class HardwareSpec:
     achievable_source: str
     """Where matmul_flops, achievable_memory_bandwidth, kernel_launch and num_compute_units come from."""
     source: str
+    comm_compute_overlap: bool = True
+    """Whether data-parallel communication can run beside compute: a device with streams whose collectives move
+    data on their own engines (NCCL on GPUs, the HPU's streams). False where the accelerator has no streams
+    and the communication library copies and reduces on the cores the ranks compute on (DeepSpeed's CPU
+    accelerator with gloo): every collective's time then adds to the step, whatever overlap_comm and
+    prefetching say."""
 
     def supports(self, precision: Precision) -> bool:
         return precision in self.peak_flops

@@ -258,10 +258,19 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
     """(last micro-step, any other micro-step) exposed seconds of the collectives run inside a micro-step.
 
     Stage 3 gathers parameters beside forward (prefetch needs no overlap_comm) and again beside backward,
-    where the gradient reduce-scatter shares the link; each window hides only its own collectives."""
+    where the gradient reduce-scatter shares the link; each window hides only its own collectives.
+    Hardware that cannot run communication beside compute (HardwareSpec.comm_compute_overlap false) hides
+    nothing. DeepSpeed's CPU accelerator is a synchronized device without streams (accelerator/
+    cpu_accelerator.py:42, :117-134: Stream and Event None, stream() a no-op context), so ZeRO-1/2's
+    reduction stream and ZeRO-3's reduce-and-partition stream are never made (runtime/zero/
+    stage_1_and_2.py:599, stage3.py:340-341); the bucket all-reduce and ZeRO-3's reduce-scatter are blocking
+    calls (stage_1_and_2.py:2384, runtime/comm/coalesced_collectives.py:23 async_op=False); the prefetched
+    all-gathers, though issued async (runtime/zero/partition_parameters.py:123), are gloo copying and reducing
+    on the cores the ranks compute on."""
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
-    overlap = cfg.zero.overlap_comm
+    hides = job.cluster.hardware.comm_compute_overlap
+    overlap = cfg.zero.overlap_comm and hides
     timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
     in_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward"]
     if cfg.zero.stage < 3:
@@ -271,7 +280,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
     reduces = [(t, c.num_buckets) for c, t in timed if c.phase == "backward" and c.kind != "all_gather"]
     # Gathers hide behind compute only when prefetched: with stage3_prefetch_bucket_size 0 each module waits for
     # its own fetch (partitioned_param_coordinator.py:452).
-    prefetch = cfg.zero.stage3_prefetch_bucket_size_elems > 0
+    prefetch = cfg.zero.stage3_prefetch_bucket_size_elems > 0 and hides
     forward = _windowed([(t, c.num_buckets) for c, t in timed if c.phase == "forward"], fwd, prefetch, eff)
     behind = (gathers_bwd if prefetch else []) + (reduces if overlap else [])
     alone = (gathers_bwd if not prefetch else []) + (reduces if not overlap else [])
