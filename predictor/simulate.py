@@ -6,7 +6,9 @@ each block's forward, recompute + backward, and the embedding / logits / loss ou
 compute stream, gradient buckets that fill as blocks finish backward and are reduced on a communication
 stream, and for ZeRO-3 the per-block parameter all-gathers that prefetch ahead of the compute that needs
 them. Each stream runs its tasks in issue order, a task starts when its stream is free and its inputs are
-done (list scheduling), and the exposed communication is the makespan minus the compute.
+done (list scheduling), and the exposed communication is the makespan minus the compute. Hardware that
+cannot communicate beside compute (HardwareSpec.comm_compute_overlap false, e.g. DeepSpeed's CPU accelerator)
+has one timeline: the collectives run in line with the compute, and all of them are exposed.
 
 A single prediction (estimate) takes its in-step exposed communication from this schedule
 (simulated_time); ranking a whole space uses the closed form, which tests/test_simulate.py holds to the
@@ -23,7 +25,8 @@ from zerotune.predictor.dsconfig import DSConfig
 from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.step_time import (Collective, CollectiveKind, TimeEstimate, collective_s, data_parallel_collectives,
-                                          data_parallel_link, estimate_time, last_micro_step_exposed, stage_parts)
+                                          data_parallel_link, estimate_time, last_micro_step_exposed, StageParts,
+                                          stage_parts)
 from zerotune.predictor.zero_mechanics import grad_reduction, zero3_trace
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step", "simulated_time"]
@@ -61,6 +64,8 @@ def _schedule(graph: nx.DiGraph) -> float:
 def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> SimulatedMicroStep:
     """Simulate the last micro-step of a step (the one whose backward reduces, for every stage >= 1)."""
     parts = stage_parts(job, cfg, eff)
+    if not job.cluster.hardware.comm_compute_overlap:
+        return _in_line_micro_step(job, cfg, eff, parts)
     m, z = job.model, cfg.zero
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
@@ -79,9 +84,6 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         return collective_s(Collective(kind, size, num_calls, "backward", True), n_dp, bandwidth, latency)
 
     graph = nx.DiGraph()
-    # Hardware that cannot communicate beside compute (HardwareSpec.comm_compute_overlap false: DeepSpeed's CPU
-    # accelerator has no streams, step_time._in_step_exposed) runs the collectives in line on the compute stream.
-    comm_stream = "comm" if job.cluster.hardware.comm_compute_overlap else "compute"
     gather_prev = compute_prev = ""
     prefetch_depth = max(1, int(z.stage3_prefetch_bucket_size_elems // max(layer_params, 1)))
     layer_fwd, layer_bwd = parts.block_forward_s, parts.block_backward_s + parts.block_recompute_s
@@ -91,7 +93,7 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         if z.stage == 3:
             # Prefetch keeps up to prefetch_depth blocks in flight ahead of the one computing.
             window = fwd_tasks[i - prefetch_depth - 1] if i > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_f{i}", comm_stream, comm("all_gather", layer_params, layer_calls),
+            gather_prev = _add(graph, f"ag_f{i}", "comm", comm("all_gather", layer_params, layer_calls),
                                [gather_prev, window])
             deps.append(gather_prev)
         compute_prev = _add(graph, f"f{i}", "compute", layer_fwd, deps)
@@ -105,40 +107,45 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         if z.stage == 3:
             k = num_layers - 1 - i
             window = bwd_tasks[k - prefetch_depth - 1] if k > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_b{i}", comm_stream, comm("all_gather", regather * layer_params, layer_calls),
+            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", regather * layer_params, layer_calls),
                                [gather_prev, window])
             deps.append(gather_prev)
         compute_prev = _add(graph, f"b{i}", "compute", layer_bwd, deps)
         bwd_tasks.append(compute_prev)
         bucket_elems += layer_params
         if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
-            reduce_prev = _add(graph, f"rs{i}", comm_stream, comm(reduce_kind, bucket_elems),
+            reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
     if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
         left = bucket_elems + outer_params
-        _add(graph, "rs_last", comm_stream, comm(reduce_kind, left), [compute_prev, reduce_prev])
+        _add(graph, "rs_last", "comm", comm(reduce_kind, left), [compute_prev, reduce_prev])
     compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
-    if comm_stream == "compute":
-        _add_in_line_rest(graph, job, cfg, eff, compute_s, compute_prev)
     comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s
     return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)
 
 
-def _add_in_line_rest(graph: nx.DiGraph, job: Job, cfg: DSConfig, eff: Efficiency, compute_s: float,
-                      after: str) -> None:
-    """Where communication runs in line with compute, the order of the collectives does not matter, only that
-    every one of them is in the schedule: the graph's per-block gathers leave out ZeRO-3's gathers of the
-    modules outside the blocks (embeddings, final norm) and count the blocks' persistent tensors, so the
-    collectives step_time counts in a micro-step (data_parallel_collectives) that the graph lacks are added
-    as one in-line task. (Beside compute, on a communication stream, the closed form hides them in bulk.)"""
+def _in_line_micro_step(job: Job, cfg: DSConfig, eff: Efficiency, parts: StageParts) -> SimulatedMicroStep:
+    """The micro-step on hardware that cannot communicate beside compute (HardwareSpec.comm_compute_overlap
+    false; step_time._in_step_exposed cites DeepSpeed's CPU accelerator, which has no streams): one timeline,
+    the forward gathers before the blocks that use them, the backward gathers and gradient reductions in
+    backward. Each collective is step_time's own (data_parallel_collectives, collective_s), so the schedule
+    and the closed form count the same communication; with one stream none of it hides."""
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
-    in_step = sum(collective_s(c, n_dp, bandwidth, latency) for c in data_parallel_collectives(job, cfg)
-                  if c.phase in ("forward", "backward"))
-    graph_comm = sum(d for _, d in graph.nodes(data="duration")) - compute_s
-    if in_step > graph_comm:
-        _add(graph, "comm_rest", "compute", in_step - graph_comm, [after])
+    timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
+    layer_fwd, layer_bwd = parts.block_forward_s, parts.block_backward_s + parts.block_recompute_s
+    graph, prev = nx.DiGraph(), ""
+    tasks = ([(f"{c.kind}_f{i}", t) for i, (c, t) in enumerate(timed) if c.phase == "forward"]
+             + [(f"f{i}", layer_fwd) for i in range(parts.layers)]
+             + [("outer_f", parts.outer_forward_s), ("outer_b", parts.outer_backward_s)]
+             + [(f"b{i}", layer_bwd) for i in reversed(range(parts.layers))]
+             + [(f"{c.kind}_b{i}", t) for i, (c, t) in enumerate(timed) if c.phase == "backward"])
+    for name, duration in tasks:
+        prev = _add(graph, name, "compute", duration, [prev])
+    compute_s = parts.layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
+    comm_s = sum(t for c, t in timed if c.phase in ("forward", "backward"))
+    return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)
 
 
 def simulated_time(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> TimeEstimate:

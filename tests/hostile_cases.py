@@ -77,6 +77,9 @@ def _hardware_cases() -> list[Case]:
                             **{"hw.yaml": _yaml({**_HW, key: value})}))
     out.append(_predict("hw-gpus-fraction", "--hardware", "{tmp}/hw.yaml", needle="gpus_per_node",
                         **{"hw.yaml": _yaml({**_HW, "gpus_per_node": "1.5"})}))
+    for tag, value in (("text", "'false'"), ("int", "0")):  # only YAML's true / false say it
+        out.append(_predict(f"hw-comm_compute_overlap-{tag}", "--hardware", "{tmp}/hw.yaml",
+                            needle="comm_compute_overlap", **{"hw.yaml": _yaml({**_HW, "comm_compute_overlap": value})}))
     out.append(_predict("hw-kind", "--hardware", "{tmp}/hw.yaml", needle="kind",
                         **{"hw.yaml": _yaml({**_HW, "kind": "tpu"})}))
     out.append(_predict("hw-name-path", "--hardware", "{tmp}/hw.yaml", needle="name",

@@ -193,3 +193,30 @@ def test_hf_config_gives_catalog_architecture(tmp_path: Path, name: str, config:
     catalog = load_model(name)
     for field in ARCHITECTURE_FIELDS:
         assert getattr(from_hf, field) == getattr(catalog, field), field
+
+
+@pytest.mark.parametrize("name", list_hardware())
+def test_comm_compute_overlap_is_a_bool_with_a_source_where_stated(name: str) -> None:
+    # Devices with streams overlap (the default); the CPU accelerator has none (accelerator/cpu_accelerator.py:42,
+    # 117-134 in DeepSpeed 0.19.8), and a catalog entry that states the field says where it comes from.
+    doc, hw = _doc("hardware", name), load_hardware(name)
+    assert hw.comm_compute_overlap is (hw.kind != "cpu"), name
+    if "comm_compute_overlap" in doc:
+        assert isinstance(doc["comm_compute_overlap"], bool) and "deepspeed" in doc["comm_compute_overlap_source"].lower()
+
+
+@pytest.mark.parametrize("value", ["'false'", "0", "1", "null", "maybe"])
+def test_comm_compute_overlap_must_be_true_or_false(tmp_path: Path, value: str) -> None:
+    text = (data_dir() / "hardware" / "cpu.yaml").read_text().replace("comm_compute_overlap: false",
+                                                                      f"comm_compute_overlap: {value}")
+    assert f"comm_compute_overlap: {value}\n" in text
+    (tmp_path / "hw.yaml").write_text(text)
+    with pytest.raises(ValueError, match=r"comm_compute_overlap must be true or false") as err:
+        load_hardware(str(tmp_path / "hw.yaml"))
+    assert "\n" not in str(err.value)
+
+
+def test_comm_compute_overlap_defaults_to_true_when_left_out(tmp_path: Path) -> None:
+    lines = (data_dir() / "hardware" / "cpu.yaml").read_text().splitlines()
+    (tmp_path / "hw.yaml").write_text("\n".join(l for l in lines if not l.startswith("comm_compute_overlap")) + "\n")
+    assert load_hardware(str(tmp_path / "hw.yaml")).comm_compute_overlap is True

@@ -241,3 +241,47 @@ def test_pipeline_stages_follow_deepspeeds_type_transformer_partition(layers: in
     assert (n_first, emb_first, head_model.head) == (first, True, "none")
     assert (n_last, emb_last, tail_model.head) == (last, False, "lm")
     assert pipeline_stages(model, 1) == ((model, layers, True),)
+
+
+def _overlap_flag(job, overlap: bool):
+    import dataclasses
+    hw = dataclasses.replace(job.cluster.hardware, comm_compute_overlap=overlap)
+    return dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, hardware=hw))
+
+
+def test_hardware_without_overlap_exposes_all_of_a_zero3_steps_communication() -> None:
+    # data/hardware/cpu.yaml comm_compute_overlap: false (DeepSpeed's CPU accelerator has no streams; gloo copies
+    # and reduces on the compute cores). Every collective of a ZeRO-3 step then adds to it, overlap_comm and
+    # prefetch notwithstanding: per micro-step a ring reduce-scatter of Psi*4 bytes and the forward and backward
+    # all-gathers of the fetched parameters, each (N-1)/N of its bytes over the link plus (N-1) latencies per call
+    # (Thakur et al. 2005), N = 2 ranks.
+    job = make_job("zt-gpt-small", "cpu", 1, 2, 128)
+    assert not job.cluster.hardware.comm_compute_overlap
+    cfg = DSConfig(precision="fp32", train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2,
+                   zero=ZeroConfig(stage=3, overlap_comm=True))
+    hw, trace, psi = job.cluster.hardware, zero3_trace(job.model, cfg), job.model.num_params
+    bw = hw.intra_node_bandwidth_bytes_per_s * EFF.intra_node_bandwidth_efficiency
+    lat = hw.intra_node_latency_s if EFF.intra_node_latency_s is None else EFF.intra_node_latency_s
+    reduce_calls = math.ceil(psi / cfg.zero.reduce_bucket_size_elems)
+    per_micro = (psi * 4 / 2 / bw + reduce_calls * lat
+                 + trace.fetched_elems_forward * 4 / 2 / bw + trace.num_gather_calls_forward * lat
+                 + trace.fetched_elems_backward * 4 / 2 / bw + trace.num_gather_calls_backward * lat)
+    closed, product = estimate_time(job, cfg), estimate(job, cfg).time  # closed form, simulated schedule
+    for t in (closed, product):
+        assert t.breakdown_s["exposed_comm"] == pytest.approx(2 * per_micro, rel=1e-9)
+        assert t.breakdown_s["exposed_comm"] == pytest.approx(t.comm_total_s, rel=1e-9)
+    # The same device with streams hides most of it behind compute (overlap_efficiency 0.9 of the window).
+    hidden = estimate_time(_overlap_flag(job, True), cfg)
+    assert hidden.breakdown_s["exposed_comm"] < 0.8 * hidden.comm_total_s
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_hardware_without_overlap_exposes_every_lower_stage_collective(stage: int) -> None:
+    # ZeRO-1/2's reduction stream does not exist on the CPU accelerator (stage_1_and_2.py:599): with overlap_comm
+    # on, the bucket all-reduces still block the backward hook, so exposed = all communication.
+    job = make_job("zt-gpt-small", "cpu", 1, 2, 128)
+    cfg = DSConfig(precision="fp32", train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=3,
+                   zero=ZeroConfig(stage=stage, overlap_comm=stage > 0))
+    t = estimate(job, cfg).time
+    assert t.comm_total_s > 0
+    assert t.breakdown_s["exposed_comm"] == pytest.approx(t.comm_total_s, rel=1e-9)
