@@ -28,13 +28,12 @@ from typing import Any
 
 from zerotune.calibrate.launch import LaunchSpec, free_port, launch
 from zerotune.calibrate.measurement import read_jsonl
-from zerotune.calibrate.profiles import default_profile_path, load_profile
 from zerotune.predictor import DSConfig, estimate
 from zerotune.predictor.units import GIB
 from zerotune.validate.experiments import experiment_ds_config, read_ds_config, rewrite_args, split_user_command
 from zerotune.validate.plan import build_job
 from zerotune.validate.profiled import profiling_env, read_profiled
-from zerotune.validate.tune import autotuning_of
+from zerotune.validate.tune import autotuning_of, load_profile_for
 
 __all__ = ["predicted_largest", "measure_ladder", "main"]
 
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     profiled = read_jsonl(args.results / "profile" / "measurement.jsonl")[0]
     job = build_job(str(args.results / "model_profiled.yaml"), "cpu", 1, 2, profiled.seq_len)
-    eff = load_profile(default_profile_path("cpu")).efficiency
+    eff = load_profile_for("cpu")[0]  # the user's calibration of the CPU, else the shipped data/profiles/cpu.json
     base = profiled.config.replace(zero=replace(profiled.config.zero, stage=args.stage))
     measured_peak = profiled.peak_memory_bytes or 0.0
     offset = measured_peak - estimate(job, profiled.config, eff).memory.total_bytes

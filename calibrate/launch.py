@@ -108,7 +108,8 @@ class RunResult:
     metrics: dict[str, Any] | None
     """run_dir/metrics.json as the run wrote it, or None."""
     step_times_s: tuple[float, ...] = ()
-    """Seconds per optimizer step seen in the output before a stop rule stopped the run."""
+    """Seconds per optimizer step the engine printed (wall_clock_breakdown), in order: those seen before a stop
+    rule stopped the run, or every printed step of a finished run."""
 
 
 def step_times_s(stdout: str, train_batch_size: int) -> tuple[float, ...]:
@@ -329,7 +330,9 @@ def launch(spec: LaunchSpec) -> RunResult:
         reason = f"no result within {spec.timeout_s:g} s; the launcher and its ranks were killed"
     if stop_reason:
         return RunResult("stopped", stop_reason, None, wall_s, spec.run_dir, None, steps)
-    return RunResult(status, reason, returncode, wall_s, spec.run_dir, metrics)  # type: ignore[arg-type]
+    batch = spec.ds_config.get("train_batch_size")
+    printed = step_times_s(_tail(spec.run_dir / "stdout.log"), batch) if isinstance(batch, int) else ()
+    return RunResult(status, reason, returncode, wall_s, spec.run_dir, metrics, printed)  # type: ignore[arg-type]
 
 
 def _wait(proc: subprocess.Popen[bytes], spec: LaunchSpec) -> tuple[bool, str | None, tuple[float, ...]]:

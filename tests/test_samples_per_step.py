@@ -15,7 +15,7 @@ from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import DSConfig, estimate, to_ds_config
 from tests.conftest import make_job
 from zerotune.validate.results import Prediction, lr_advice
-from zerotune.validate.tune import _result
+from zerotune.validate.tune import _result, autotuning_of, window_step_s
 
 # 2 nodes x 8 GPUs, tensor parallel 2, pipeline 2: 4 data-parallel ranks, each 3 samples x 5 accumulation steps.
 WORLD = 16
@@ -56,7 +56,7 @@ def test_a_deepspeed_autotuning_folder(tmp_path: Path) -> None:
 def test_a_tune_experiment(tmp_path: Path) -> None:
     job = make_job("gpt2", "a100-80gb", 2, 8, 512)
     run = RunResult("ok", "", 0, 1.0, tmp_path, {"throughput": THROUGHPUT})
-    result = _result("x", CFG, Prediction(1.0, 1.0, 1.0, 1.0, 1.0), run, job, "throughput")
+    result = _result("x", CFG, Prediction(1.0, 1.0, 1.0, 1.0, 1.0), run, job, autotuning_of({}, 16))
     assert result.step_s == pytest.approx(0.5) and result.throughput_samples_per_s == pytest.approx(THROUGHPUT)
 
 
@@ -64,3 +64,17 @@ def test_the_learning_rate_advice() -> None:
     doc = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
     advice = lr_advice(doc, CFG, WORLD)
     assert advice is not None and f"global batch is {SAMPLES} samples, yours was 4" in advice
+
+
+def test_the_measured_step_is_the_median_of_the_engines_window(tmp_path: Path) -> None:
+    """DeepSpeed's metrics.json holds the exit step alone (its timers are reset after each printed step,
+    runtime/engine.py:3657-3677): the window start_profile_step..end_profile_step is the printed steps before it
+    plus that step, and one slow step (a shared machine) does not move the median."""
+    at = autotuning_of({"autotuning": {"start_profile_step": 2, "end_profile_step": 6}}, 16)
+    printed = (9.0, 1.2, 1.0, 1.1, 1.0, 1.2)  # steps 0-5; the engine exits in step 6
+    slow_last = RunResult("ok", "", 0, 1.0, tmp_path, {"throughput": SAMPLES / 2.5}, printed)
+    assert window_step_s(slow_last, SAMPLES, at) == pytest.approx(1.1)  # median of 1.0, 1.1, 1.0, 1.2, 2.5
+    assert window_step_s(RunResult("ok", "", 0, 1.0, tmp_path, {"throughput": SAMPLES / 2.5}), SAMPLES, at) == \
+        pytest.approx(2.5)  # nothing printed (no wall_clock_breakdown): the engine's figure as it is
+    workload = RunResult("ok", "", 0, 1.0, tmp_path, {"step_s": 3.0}, printed)
+    assert window_step_s(workload, SAMPLES, at) == pytest.approx(3.0)  # zerotune's workload reports a median

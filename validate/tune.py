@@ -249,7 +249,8 @@ def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: f
     return rule
 
 
-def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, metric: Metric) -> ExperimentResult:
+def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, at: AutotuningConfig) -> ExperimentResult:
+    metric = at.metric
     if run.status == "stopped":  # its partial step times still correct the predictions (zerotune.validate.search)
         step_s = statistics.median(run.step_times_s) if run.step_times_s else None
         return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
@@ -258,10 +259,29 @@ def _result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, jo
     samples = cfg.samples_per_step(job.cluster.world_size)
     flops = estimate(job, cfg).time.model_flops_per_gpu
     try:
-        step_s, throughput, value = measured_from_metrics(run.metrics, samples, flops, metric)
+        step_s = window_step_s(run, samples, at)
     except ValueError as exc:
         return ExperimentResult(name, cfg, prediction, "failed", str(exc), wall_s=run.wall_s)
-    return ExperimentResult(name, cfg, prediction, "ok", "", value, step_s, throughput, run.wall_s)
+    return ExperimentResult(name, cfg, prediction, "ok", "", _metric_of_step(metric, step_s, samples, flops), step_s,
+                            samples / step_s, run.wall_s)
+
+
+def window_step_s(run: RunResult, samples: int, at: AutotuningConfig) -> float:
+    """Seconds per optimizer step over the engine's measuring window, start_profile_step to end_profile_step.
+
+    DeepSpeed's metrics.json is one step, not the window: with wall_clock_breakdown on (experiment_ds_config sets
+    it) the engine logs and resets its global timers after every step (runtime/engine.py:3677 timers.log,
+    utils/timer.py:141-147 reset=True), and it writes the metrics in the exit step before that step's log
+    (engine.py:3657-3658 _autotuning_exit -> timers.get_mean), so they hold the last step alone. On a shared
+    machine one step can be twice its neighbours. The window is the printed steps before the exit step plus that
+    step; its median is the measurement. A metrics.json with its own step_s (zerotune's workload: a median
+    already) is taken as it is. ValueError when metrics.json holds no step time."""
+    assert run.metrics is not None
+    last_s = measured_from_metrics(run.metrics, samples, 0.0, "throughput")[0]
+    window = at.end_profile_step - at.start_profile_step
+    if isinstance(run.metrics.get("step_s"), (int, float)) or window <= 0 or len(run.step_times_s) < window:
+        return last_s
+    return statistics.median([*run.step_times_s[-window:], last_s])
 
 
 def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
@@ -293,7 +313,7 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
         run = launcher(_launch_spec(settings, ds_config, run_dir, args, rule))
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
-    result = _result(name, cfg, prediction, run, job, at.metric)
+    result = _result(name, cfg, prediction, run, job, at)
     write_json_atomic(run_dir / "exp.json", {**exp, "result": result_dict(result)})
     return result
 
@@ -557,7 +577,7 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
     step_s = median_step_s(profiled)
     if run.status == "ok" and run.metrics is not None:
         try:
-            step_s = measured_from_metrics(run.metrics, samples, 0.0, "throughput")[0]
+            step_s = window_step_s(run, samples, autotuning_of(settings.doc, world))
         except ValueError:
             pass
     if step_s is None:
