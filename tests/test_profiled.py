@@ -172,3 +172,26 @@ def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_p
     assert run.model.activation_scale > 1.0
     assert layer_activation_bytes(run.model, 2, module.SEQ, 4) == pytest.approx(saved, rel=1e-3)
     assert any("kept" in line and "for backward" in line for line in run.read)
+
+
+def test_a_head_tied_through_f_linear_on_the_embedding_is_read(tmp_path: Path) -> None:
+    """The built-in workload projects with `F.linear(x, tokens.weight)`: no Linear module to read, so the profiling
+    hook watches F.linear in the first forward. Without it the logits GEMM (2 x 384 x 50257 FLOPs per token, more
+    than the six blocks' 6 x 24 x 384^2) was left out and the builtin job's mbs-8 prediction ran 1.6x optimistic."""
+    from zerotune.calibrate.workload import build_model
+    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    model = build_model(load_model("zt-gpt-small"))
+    linear = torch.nn.functional.linear
+    state: dict = {}
+    site._watch_embedding_projection(model, state)
+    model(torch.randint(0, 50257, (1, 17)))
+    assert state["embedding_projections"] == 1 and torch.nn.functional.linear is linear  # one projection, unwrapped
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [1, 17], "dtype": "int64"}], embedding_projections=1)
+    run = read_profiled(prefix, "builtin", 2)
+    assert (run.model.head, run.model.tied_embeddings) == ("lm", True)
+    assert run.model.num_params == sum(p.numel() for p in model.parameters())  # tied: no parameter added
+    _write_profile(prefix, model, [{"name": "", "shape": [1, 17], "dtype": "int64"}], embedding_projections=0)
+    assert read_profiled(prefix, "builtin", 2).model.head == "none"  # nothing seen, nothing invented

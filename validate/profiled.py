@@ -112,6 +112,16 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
     return ModelSpec(name=name, **doc)
 
 
+def _functional_head(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]) -> ModelSpec:
+    """A model whose modules show no LM head but whose forward projected onto the token embedding's table
+    (calibrate/profiling_site: F.linear with the embedding's weight) has a tied LM head: its logits GEMM and loss
+    are most of a small model's FLOPs."""
+    if spec.head != "none" or not int(rank0.get("embedding_projections") or 0):
+        return spec
+    read.append("the forward projects onto the token embedding's table (F.linear with its weight): tied LM head")
+    return spec.replace(head="lm", tied_embeddings=True, head_bias=False)
+
+
 def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[int, int] | None, dtype: str,
                       read: list[str]) -> float:
     """Measured over formula bytes the first block kept for backward at the first micro-batch (1.0 when nothing
@@ -141,6 +151,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         spec = _spec(model_doc, name, tokens[1] if tokens else None, read, assumed)
     except (LookupError, ValueError, TypeError) as exc:
         raise ValueError(f"cannot read this model's structure ({exc})") from None
+    spec = _functional_head(spec, rank0, read)
     spec = spec.replace(attention=_attention(rank0, read, assumed))
     spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens, str(model_doc.get("dtype", "")),
                                                                  read), 4))

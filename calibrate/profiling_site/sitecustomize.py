@@ -92,6 +92,32 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
         state["sdpa_dropout_p"] = max(state["sdpa_dropout_p"], float(dropout or 0.0))
         return sdpa(*args, **kwargs)
     F.scaled_dot_product_attention = counted  # multi_head_attention_forward looks it up in F's globals
+    _watch_embedding_projection(engine.module, state)
+
+
+def _watch_embedding_projection(module: Any, state: dict[str, Any]) -> None:
+    """Counts F.linear calls whose weight is an nn.Embedding's table during the first forward: a head tied by
+    projecting with the embedding itself (GPT-2 style `F.linear(x, wte.weight)`) has no Linear module to read.
+    nn.Linear.forward calls F.linear through the module attribute (torch/nn/modules/linear.py), so one wrapper
+    sees both; it is removed after the first forward so later steps are timed without it."""
+    import torch
+    import torch.nn.functional as F
+
+    tables = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    linear = F.linear
+
+    @functools.wraps(linear)
+    def watched(x: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if id(weight) in tables:
+            state["embedding_projections"] += 1
+        return linear(x, weight, *args, **kwargs)
+
+    def restore(*_: Any) -> None:
+        F.linear = linear
+        handle.remove()
+    state["embedding_projections"] = 0
+    F.linear = watched
+    handle = module.register_forward_hook(restore)
 
 
 def _count_saved(module: Any, block: Any, state: dict[str, Any]) -> None:
