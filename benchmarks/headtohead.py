@@ -7,6 +7,9 @@ are reused when they cover it) is run once to score both choices against the gri
 
     python -m benchmarks.headtohead --out /tmp/h2h            # builtin, wide and latency jobs (about an hour)
     python -m benchmarks.headtohead --quick --out /tmp/h2h    # CI: one tiny job, 2 micro-batch sizes
+    python -m benchmarks.headtohead --jobs encoder,decoder    # users' own scripts (tests/fixtures/scripts)
+
+A user's script job has no grid: its verdict is the alternated re-measurement of the two choices.
 
 Writes OUT/results.md (the table), OUT/results.json, OUT/timeline.png and every run's folder.
 """
@@ -66,18 +69,19 @@ def _log(message: str) -> None:
 
 
 def run_job(job: BenchJob, out: Path, repeats: int, grid: str, published: Sequence[Measurement],
-            measured_here: list[Measurement], tool_timeout_s: float) -> JobResult:
+            measured_here: list[Measurement], tool_timeout_s: float, reuse: bool = False) -> JobResult:
     folder = out / job.name
     runs = {}
     for tool in TOOLS:
         _log(f"job {job.name}: {tool} tuning in {folder / tool}")
-        runs[tool] = run_tool(tool, job, folder / tool, tool_timeout_s)
+        runs[tool] = run_tool(tool, job, folder / tool, tool_timeout_s, reuse)
         _log(f"job {job.name}: {tool} ran {len(runs[tool].experiments)} experiments in {runs[tool].wall_s:.0f} s")
     chosen = {tool: run.optimal_ds_config for tool, run in runs.items() if run.optimal_ds_config is not None}
     _log(f"job {job.name}: re-measuring {', '.join(chosen)} {repeats} times each, alternated")
     again = ab_remeasure(job, chosen, repeats, folder / "ab") if chosen else {}
     named = {config_name(doc, job.num_gpus): doc for doc in chosen.values()}
-    rows = grid_for(job, named, published, measured_here, folder / "grid") if grid != "skip" else ()
+    scored = grid != "skip" and not job.script  # a user's script has no grid of record
+    rows = grid_for(job, named, published, measured_here, folder / "grid") if scored else ()
     return JobResult(job, runs, again, rows)  # type: ignore[arg-type]
 
 
@@ -115,13 +119,17 @@ def _write_outputs(results: Sequence[JobResult], out: Path, command: str) -> str
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.headtohead", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one tiny job, fewest steps (CI)")
-    p.add_argument("--jobs", help="comma list of jobs (default: builtin,wide,latency,uncalibrated; --quick: quick)")
+    p.add_argument("--jobs", help="comma list of jobs (default: builtin,wide,latency,uncalibrated; --quick: quick; "
+                                       "users' scripts: encoder,decoder)")
     p.add_argument("--out", type=Path, default=Path("headtohead_results"), help="folder for every run and the table")
     p.add_argument("--repeats", type=int, default=MIN_REPEATS, help="re-measurements of each choice (>= 3)")
     p.add_argument("--grid", choices=("auto", "skip"), default="auto",
                    help="auto: data/measurements/cpu_grid_*.jsonl rows when they cover the job's grid and both "
                         "choices (validate/grid.py writes them), else measure it here; skip: no grid")
     p.add_argument("--tool_timeout_s", type=float, default=3600.0, help="time limit of each tuner per job")
+    p.add_argument("--reuse", action="store_true",
+                   help="read back a tuner's finished run of the same command and config from --out instead of "
+                        "running it again (e.g. to resume a head-to-head cut short)")
     return p
 
 
@@ -148,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = ""
     for job in jobs:  # the table is rewritten after each job: a run cut short keeps what it finished
         results.append(run_job(job, args.out, args.repeats, args.grid, published, measured_here,
-                               args.tool_timeout_s))
+                               args.tool_timeout_s, args.reuse))
         table = _write_outputs(results, args.out, command)
     print(table)
     return 0

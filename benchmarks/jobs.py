@@ -13,12 +13,13 @@ from typing import Any
 
 from zerotune.predictor.rank import Metric
 
-__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "user_ds_config", "script_args", "grid_points",
-           "job_by_name"]
+__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "user_ds_config",
+           "script_args", "workload", "grid_points", "job_by_name"]
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "ds_workload.py"
 MODELS = HERE / "models"
+USER_SCRIPTS = HERE.parent / "tests" / "fixtures" / "scripts"
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,13 @@ class BenchJob:
     """More zero_optimization keys of the user's (DeepSpeed's autotuner drops them; zerotune keeps them)."""
     zerotune_profile: str | None = None
     """zerotune tune's --profile (None: the one it finds, the shipped CPU profile; "none": uncalibrated)."""
+    script: str | None = None
+    """A user's training script run in place of the built-in workload (model and seq_len then only name the
+    job: the script builds its own model, and no grid is scored); None: benchmarks/ds_workload.py."""
+    script_flags: tuple[str, ...] = ()
+    """The user script's own arguments besides the config and --steps."""
+    arg_mappings: dict[str, str] = field(default_factory=dict)
+    """autotuning.arg_mappings: ds_config keys the script takes as its own arguments (both tuners rewrite them)."""
 
 
 def user_ds_config(job: BenchJob) -> dict[str, Any]:
@@ -57,14 +65,22 @@ def user_ds_config(job: BenchJob) -> dict[str, Any]:
             "end_profile_step": job.warmup_steps + job.measured_steps,
             "max_train_micro_batch_size_per_gpu": job.max_micro_batch,
             "num_tuning_micro_batch_sizes": job.num_tuning_micro_batch_sizes,
+            **({"arg_mappings": dict(job.arg_mappings)} if job.arg_mappings else {}),
         },
     }
+
+
+def workload(job: BenchJob) -> Path:
+    """The script both tuners launch: the user's, or the built-in workload."""
+    return Path(job.script) if job.script else WORKLOAD
 
 
 def script_args(job: BenchJob, for_tuner: bool) -> tuple[str, ...]:
     """The workload's own arguments. Under a tuner the engine stops at end_profile_step, so the workload is
     given one step more than that, and it never ends (or writes its metrics) before DeepSpeed's exit."""
     steps = job.measured_steps + (1 if for_tuner else 0)
+    if job.script:  # a user's script counts every step itself: warm-up and the timed window, one more under a tuner
+        return (*job.script_flags, "--steps", str(job.warmup_steps + steps))
     return ("--model", job.model, "--seq_len", str(job.seq_len), "--steps", str(steps),
             "--warmup", str(job.warmup_steps))
 
@@ -99,8 +115,20 @@ UNCALIBRATED_JOB = BenchJob(
     zerotune_profile="none",
     shows="the built-in job with zerotune given no calibration profile (--profile none: default efficiencies, "
           "the uncalibrated band), as a user who never ran zerotune calibrate")
+ENCODER_JOB = BenchJob(
+    name="encoder", model="encoder_mlm (4 x 384, vocabulary 8192)", seq_len=128, stages=(0, 1, 2, 3),
+    max_micro_batch=32, script=str(USER_SCRIPTS / "encoder_mlm.py"), script_flags=("--deepspeed",),
+    shows="a user's BERT-style masked-LM script written as DeepSpeedExamples' are (--deepspeed --deepspeed_config, "
+          "data through deepspeed.initialize); zerotune learns the model from its profiling run")
+DECODER_JOB = BenchJob(
+    name="decoder", model="decoder_lm (6 x 256, vocabulary 6000)", seq_len=96, stages=(0, 1, 2, 3),
+    max_micro_batch=32, script=str(USER_SCRIPTS / "decoder_lm.py"),
+    arg_mappings={"train_micro_batch_size_per_gpu": "--batch_size"},
+    shows="a user's Llama-style decoder script that takes its micro-batch as its own --batch_size "
+          "(autotuning.arg_mappings)")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
-JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, UNCALIBRATED_JOB)}
+SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB)
+JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS)}
 
 
 def job_by_name(name: str) -> BenchJob:

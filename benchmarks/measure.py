@@ -1,22 +1,25 @@
 """Independent re-measurements: the two tools' choices alternated A B A B, and the exhaustive grid.
 
-Every run is the same workload (benchmarks/ds_workload.py) launched fresh through zerotune.calibrate.launch, with
-autotuning switched off so the workload times its own steps (median after warm-up) to the end. Alternating
+Every run is the same workload (benchmarks/ds_workload.py, or the job's user script) launched fresh through
+zerotune.calibrate.launch, with autotuning switched off so every step runs to the end. The built-in workload
+times its own steps (median after warm-up); a user's script is timed by DeepSpeed's engine (wall_clock_breakdown:
+one timer line per step, calibrate/launch.py step_times_s), the median of the steps after warm-up. Alternating
 the two configurations spreads slow phases of a shared machine over both instead of one.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from benchmarks.jobs import WORKLOAD, BenchJob, grid_points, script_args
+from benchmarks.jobs import BenchJob, grid_points, script_args, workload
 from benchmarks.tools import cpu_env
 from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl, read_jsonl
 from zerotune.predictor import experiment_name, load_model, parse_ds_config
+from zerotune.validate.experiments import rewrite_args
 
 __all__ = ["Remeasured", "config_name", "measure_once", "ab_remeasure", "grid_configs", "measure_grid",
            "load_published_grid", "RUN_TIMEOUT_S"]
@@ -64,10 +67,28 @@ def _runnable(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def measure_once(job: BenchJob, doc: Mapping[str, Any], run_dir: Path) -> RunResult:
-    spec = LaunchSpec(script=WORKLOAD, ds_config=_runnable(doc), run_dir=run_dir, master_port=free_port(),
-                      timeout_s=RUN_TIMEOUT_S, script_args=script_args(job, for_tuner=False),
-                      num_gpus=job.num_gpus, env=cpu_env(job.num_gpus))
-    return launch(spec)
+    ds_config, args = _runnable(doc), script_args(job, for_tuner=False)
+    if job.script:
+        ds_config = {**ds_config, "wall_clock_breakdown": True}
+        args = rewrite_args(args, job.arg_mappings, ds_config)
+    spec = LaunchSpec(script=workload(job), ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
+                      timeout_s=RUN_TIMEOUT_S, script_args=args, num_gpus=job.num_gpus, env=cpu_env(job.num_gpus))
+    result = launch(spec)
+    return _engine_timed(job, ds_config, result) if job.script else result
+
+
+def _engine_timed(job: BenchJob, ds_config: Mapping[str, Any], result: RunResult) -> RunResult:
+    """A user script's run with metrics from the engine's step timers: the median after warm-up. The script
+    writes no metrics.json, so a clean exit with its steps timed is what makes the run ok."""
+    timed = result.step_times_s[job.warmup_steps:]
+    batch = ds_config.get("train_batch_size")
+    if result.returncode != 0 or not timed or not isinstance(batch, int):
+        why = f"{len(result.step_times_s)} steps timed, train_batch_size {batch!r}"
+        return replace(result, status="failed" if result.status == "ok" else result.status,
+                       reason=result.reason if result.returncode != 0 else why)
+    step_s = statistics.median(timed)
+    return replace(result, status="ok", reason="",
+                   metrics={"step_s": step_s, "throughput_samples_per_s": batch / step_s})
 
 
 def ab_remeasure(job: BenchJob, configs: Mapping[str, Mapping[str, Any]], repeats: int,
@@ -119,6 +140,8 @@ def measure_grid(job: BenchJob, configs: Mapping[str, Mapping[str, Any]], folder
 
 def load_published_grid(job: BenchJob) -> list[Measurement]:
     """This job's rows of data/measurements/cpu_grid_*.jsonl (validate/grid.py's output), if any."""
+    if job.script:
+        return []  # a user's script has no catalog model to match rows by
     name = load_model(job.model).name
     rows = []
     for path in sorted(DATA_GRIDS.glob("cpu_grid_*.jsonl")):

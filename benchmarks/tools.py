@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from benchmarks.jobs import WORKLOAD, BenchJob, script_args, user_ds_config
+from benchmarks.jobs import BenchJob, script_args, user_ds_config, workload
 
 __all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "deepspeed_tune_command", "zerotune_tune_command",
            "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops"]
@@ -103,7 +103,7 @@ def metric_key(job: BenchJob) -> str:
 
 def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
     launcher = Path(sys.executable).parent / "deepspeed"
-    return [str(launcher), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(WORKLOAD),
+    return [str(launcher), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(workload(job)),
             "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
@@ -112,7 +112,7 @@ def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
     # model it learns from its own profiling run of the script, as DeepSpeed's autotuner does.
     profile = ("--profile", job.zerotune_profile) if job.zerotune_profile else ()
     return [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", str(job.num_gpus), "--hardware", "cpu",
-            *profile, str(WORKLOAD), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
+            *profile, str(workload(job)), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
 def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:
@@ -141,15 +141,22 @@ def _release_shm_since(started_at: float) -> None:
             pass
 
 
-def run_tool(tool: Tool, job: BenchJob, folder: Path, timeout_s: float) -> ToolRun:
-    """Run one tuner on the job in folder/ (its cwd, so its relative results_dir lands there) and read it back."""
+def run_tool(tool: Tool, job: BenchJob, folder: Path, timeout_s: float, reuse: bool = False) -> ToolRun:
+    """Run one tuner on the job in folder/ (its cwd, so its relative results_dir lands there) and read it back.
+    With reuse, a finished earlier run of the same command in folder/ (its tool_run.json) is read back instead."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg_path = folder / "ds_config.json"
-    cfg_path.write_text(json.dumps(user_ds_config(job), indent=2) + "\n")
     cmd = (deepspeed_tune_command if tool == "deepspeed" else zerotune_tune_command)(job, cfg_path)
-    started_at = time.time()
-    returncode, wall_s = _run(cmd, folder, cpu_env(job.num_gpus), timeout_s)
-    _release_shm_since(started_at)
+    done = _json(folder / "tool_run.json") if reuse else {}
+    if done.get("cmd") == cmd and _json(cfg_path) == user_ds_config(job):
+        returncode, wall_s, started_at = done["returncode"], float(done["wall_s"]), float(done["started_at"])
+    else:
+        cfg_path.write_text(json.dumps(user_ds_config(job), indent=2) + "\n")
+        started_at = time.time()
+        returncode, wall_s = _run(cmd, folder, cpu_env(job.num_gpus), timeout_s)
+        _release_shm_since(started_at)
+        (folder / "tool_run.json").write_text(json.dumps({"cmd": cmd, "returncode": returncode, "wall_s": wall_s,
+                                                          "started_at": started_at}) + "\n")
     results_dir = folder / user_ds_config(job)["autotuning"]["results_dir"]
     optimal = results_dir / "ds_config_optimal.json"
     chosen = json.loads(optimal.read_text()) if optimal.is_file() else None

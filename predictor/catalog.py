@@ -249,9 +249,10 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
             "inter_node_bandwidth_gb_per_s", "inter_node_latency_us", "host_to_device_gb_per_s",
             "gpus_per_node", "host_memory_gib", "source", "fp32_matmul_tflops", "fp16_matmul_tflops",
             "bf16_matmul_tflops", "achievable_memory_bandwidth_gb_per_s", "kernel_launch_us", "num_compute_units",
-            "achievable_source", "comm_compute_overlap", "comm_compute_overlap_source"}
+            "achievable_source", "comm_compute_overlap", "comm_compute_overlap_source",
+            "heap_retained_activation_fraction", "heap_retained_source"}
 _HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops", "comm_compute_overlap",
-                "comm_compute_overlap_source"}
+                "comm_compute_overlap_source", "heap_retained_activation_fraction", "heap_retained_source"}
 
 
 HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
@@ -266,13 +267,14 @@ HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
     "bf16_matmul_tflops": (0.0, 100_000.0, "TFLOP/s"),
     "achievable_memory_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"),
     "kernel_launch_us": (0.0, 1_000_000.0, "us"), "num_compute_units": (1.0, 1_000_000.0, "units"),
+    "heap_retained_activation_fraction": (0.0, 1.0, "of the activations"),
 }
 """(low, high, unit) of each hardware key, in the key's own unit. Memory, FLOP/s and bandwidth must be above
 low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are ~50x today's largest device (H200: 141 GiB,
 989 TFLOP/s, 4.8 TB/s), so that a figure in base units (FLOP/s where TFLOP/s goes, bytes where GiB goes) or
 in milliseconds where microseconds go is caught rather than predicted with."""
 _LOW_INCLUSIVE = {"runtime_reserved_gib", "intra_node_latency_us", "inter_node_latency_us", "gpus_per_node",
-                  "num_compute_units", "kernel_launch_us"}
+                  "num_compute_units", "kernel_launch_us", "heap_retained_activation_fraction"}
 
 
 def _number(path: Path, doc: dict[str, Any], key: str) -> float:
@@ -340,4 +342,6 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         achievable_source=str(doc["achievable_source"]),
         source=str(doc["source"]),
         comm_compute_overlap=_overlap(path, doc),
+        heap_retained_activation_fraction=(_number(path, doc, "heap_retained_activation_fraction")
+                                           if "heap_retained_activation_fraction" in doc else 0.0),
     )

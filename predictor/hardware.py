@@ -54,6 +54,15 @@ class HardwareSpec:
     accelerator with gloo): every collective's time then adds to the step, whatever overlap_comm and
     prefetching say."""
 
+    heap_retained_activation_fraction: float = 0.0
+    """Activation bytes the host allocator keeps resident at every step's peak beyond the live tensors, as a
+    fraction of the activations (0 for a device's caching allocator, whose reserve is allocator_slack). On a CPU
+    rank PyTorch takes tensors from glibc malloc (c10/core/impl/alloc_cpu.cpp posix_memalign); glibc maps a block
+    above M_MMAP_THRESHOLD and unmaps it on free, but raises the threshold to every such block freed, up to
+    DEFAULT_MMAP_THRESHOLD_MAX = 32 MiB on 64-bit (malloc.c "dynamic mmap threshold", mallopt(3)), so from the
+    second step a layer's activations (each under 32 MiB) come from the brk heap, whose freed chunks stay
+    resident, while the logits (far above it) are still mapped and unmapped."""
+
     def supports(self, precision: Precision) -> bool:
         return precision in self.peak_flops
 

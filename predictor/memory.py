@@ -34,18 +34,6 @@ FP32_BYTES = 4
 TERMS = ("parameters", "gradients", "optimizer_states", "master_gradients", "activations", "logits",
          "heap_retained", "comm_buckets", "zero3_gathered", "runtime_reserved", "allocator_slack")
 PHASES = ("forward_backward", "gradient_reduction", "optimizer_step")
-CPU_HEAP_RETAINED_FRACTION = 0.83
-"""Activation bytes a CPU rank's heap keeps resident at the peak of every step after the first, beyond the live
-tensors. PyTorch's CPU allocator takes tensors from glibc malloc (c10/core/impl/alloc_cpu.cpp posix_memalign).
-glibc serves a block above M_MMAP_THRESHOLD with mmap and returns it to the system on free, but raises the
-threshold to the size of every such block freed, up to DEFAULT_MMAP_THRESHOLD_MAX = 32 MiB on 64-bit (malloc.c
-"dynamic mmap threshold"; mallopt(3) M_MMAP_THRESHOLD); from the second step on, a block's activations (each
-tensor s x b x width, under 32 MiB) come from the brk heap, whose freed chunks stay resident (only a free top
-above M_TRIM_THRESHOLD is given back), while the logits (one tensor s x b x V, far above it) are still mapped
-and unmapped. Measured as the peak resident set with the dynamic threshold minus the peak with it fixed
-(MALLOC_MMAP_THRESHOLD_=131072) over the predicted activations: 0.83 and 0.83 on the built-in workload
-(zt-gpt-small, micro-batch 16 and 32: the fit half); the user scripts read 0.62-0.75 (encoder and decoder
-fixtures, the test half). data/measurements/cpu_heap_retention.json holds the runs."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +237,7 @@ def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], Model
     gathered = _stage3_gathered(job, cfg) if cfg.zero.stage == 3 else 0.0
     base = {"parameters": states.parameters, "gradients": states.gradients,
             "optimizer_states": states.optimizer_states}
-    retained = acts * CPU_HEAP_RETAINED_FRACTION if job.cluster.hardware.kind == "cpu" else 0.0
+    retained = acts * job.cluster.hardware.heap_retained_activation_fraction
     phases = {
         "forward_backward": {**base, "activations": acts, "logits": logits, "heap_retained": retained,
                              "comm_buckets": float(_buckets_beyond_logits(logits, during_bwd, cfg)),

@@ -220,3 +220,28 @@ def test_comm_compute_overlap_defaults_to_true_when_left_out(tmp_path: Path) -> 
     lines = (data_dir() / "hardware" / "cpu.yaml").read_text().splitlines()
     (tmp_path / "hw.yaml").write_text("\n".join(l for l in lines if not l.startswith("comm_compute_overlap")) + "\n")
     assert load_hardware(str(tmp_path / "hw.yaml")).comm_compute_overlap is True
+
+
+@pytest.mark.parametrize("value, accepted", [("0.83", True), ("0", True), ("1", True), ("1.5", False), ("-0.1", False),
+                                             ("'0.8'", False)])
+def test_heap_retained_fraction_is_a_share_of_the_activations(tmp_path: Path, value: str, accepted: bool) -> None:
+    # A fraction of the activations (data/measurements/cpu_heap_retention.json reads 0.62-0.83): a figure above 1
+    # (a percentage, or bytes) or a quoted number is refused in one line naming the key.
+    text = (data_dir() / "hardware" / "cpu.yaml").read_text().replace("heap_retained_activation_fraction: 0.83",
+                                                                      f"heap_retained_activation_fraction: {value}")
+    (tmp_path / "hw.yaml").write_text(text)
+    if accepted:
+        assert load_hardware(str(tmp_path / "hw.yaml")).heap_retained_activation_fraction == float(value)
+        return
+    with pytest.raises(ValueError, match=r"heap_retained_activation_fraction") as err:
+        load_hardware(str(tmp_path / "hw.yaml"))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", list_hardware())
+def test_only_a_host_allocator_retains_freed_activations(name: str) -> None:
+    # glibc's heap on a CPU rank keeps freed activations resident; a device's caching allocator is allocator_slack.
+    doc, hw = _doc("hardware", name), load_hardware(name)
+    assert (hw.heap_retained_activation_fraction > 0) is (hw.kind == "cpu"), name
+    if "heap_retained_activation_fraction" in doc:
+        assert "measured" in doc["heap_retained_source"].lower()

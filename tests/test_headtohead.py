@@ -68,8 +68,9 @@ def test_under_a_tuner_the_workload_outlives_deepspeeds_profile_window() -> None
     # the engine exits at end_profile_step; the workload must not finish (and write its own metrics) first
     for job in JOBS.values():
         args = script_args(job, for_tuner=True)
-        total = int(args[args.index("--steps") + 1]) + int(args[args.index("--warmup") + 1])
-        assert total > user_ds_config(job)["autotuning"]["end_profile_step"]
+        total = int(args[args.index("--steps") + 1])  # a user's script counts its warm-up steps in --steps
+        total += int(args[args.index("--warmup") + 1]) if not job.script else 0
+        assert total > user_ds_config(job)["autotuning"]["end_profile_step"], job.name
 
 
 def test_deepspeeds_choice_and_the_grid_point_share_a_name() -> None:
@@ -202,3 +203,38 @@ def test_the_uncalibrated_job_tunes_without_a_profile_and_the_others_with_the_on
     assert cmd[cmd.index("--profile") + 1] == "none" and "--model" not in cmd[:cmd.index(str(tmp_path / "ds.json"))]
     assert "--profile" not in zerotune_tune_command(JOBS["builtin"], tmp_path / "ds.json")
     assert grid_points(JOBS["uncalibrated"]) == grid_points(JOBS["builtin"])  # scored on the same grid
+
+
+def test_users_script_jobs_give_both_tuners_the_same_script_and_arguments(tmp_path: Path) -> None:
+    # issue 14: zerotune's choice on a user's own script against DeepSpeed's autotuner's, same ds_config
+    from benchmarks.tools import deepspeed_tune_command, zerotune_tune_command
+    for name in ("encoder", "decoder"):
+        job = JOBS[name]
+        zt, ds = zerotune_tune_command(job, tmp_path / "ds.json"), deepspeed_tune_command(job, tmp_path / "ds.json")
+        assert Path(job.script).is_file() and zt[zt.index(job.script):] == ds[ds.index(job.script):]
+        assert "--model" not in zt and "--seq_len" not in zt
+    assert user_ds_config(JOBS["decoder"])["autotuning"]["arg_mappings"] == {"train_micro_batch_size_per_gpu": "--batch_size"}
+
+
+def test_a_users_script_is_re_measured_by_the_engines_step_timers(tmp_path: Path) -> None:
+    from zerotune.calibrate.launch import RunResult
+    from benchmarks.measure import _engine_timed
+    job = JOBS["decoder"]  # warm-up 2: steps 3 on are timed
+    run = RunResult("failed", "metrics.json missing", 0, 30.0, tmp_path, None, (9.0, 5.0, 2.0, 2.2, 1.8, 2.0))
+    timed = _engine_timed(job, {"train_batch_size": 8}, run)
+    assert timed.status == "ok" and timed.metrics == {"step_s": 2.0, "throughput_samples_per_s": 4.0}
+    crashed = _engine_timed(job, {"train_batch_size": 8}, RunResult("failed", "rank 1 died", 1, 3.0, tmp_path, None))
+    assert crashed.status == "failed" and crashed.reason == "rank 1 died"
+    untimed = _engine_timed(job, {"train_batch_size": 8}, RunResult("failed", "x", 0, 3.0, tmp_path, None, (1.0,)))
+    assert untimed.status == "failed" and "1 steps timed" in untimed.reason
+
+
+def test_a_finished_tuner_run_is_read_back_with_reuse(tmp_path: Path, monkeypatch) -> None:
+    import benchmarks.tools as tools
+    calls = []
+    monkeypatch.setattr(tools, "_run", lambda cmd, folder, env, timeout_s: calls.append(cmd) or (0, 42.0))
+    first = tools.run_tool("deepspeed", JOBS["encoder"], tmp_path, 60.0)
+    again = tools.run_tool("deepspeed", JOBS["encoder"], tmp_path, 60.0, reuse=True)
+    assert len(calls) == 1 and again.wall_s == first.wall_s == 42.0 and again.returncode == 0
+    tools.run_tool("deepspeed", JOBS["decoder"], tmp_path, 60.0, reuse=True)  # another job's command: run again
+    assert len(calls) == 2

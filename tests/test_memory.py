@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zerotune.predictor import DSConfig, ZeroConfig, estimate_memory
+from zerotune.predictor.catalog import load_hardware
 from zerotune.predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
 from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
 from zerotune.predictor.memory import TERMS, state_bytes
@@ -142,21 +143,22 @@ def _heap_runs(half: str) -> list[dict]:
 @pytest.mark.parametrize("half, tolerance", [("fit", 0.03), ("test", 0.25)])
 def test_cpu_heap_keeps_freed_activations_resident(half: str, tolerance: float) -> None:
     """glibc's dynamic mmap threshold puts a block's activations on the heap from the second step on, and the heap
-    keeps them resident (predictor/memory.py CPU_HEAP_RETAINED_FRACTION): peak RSS with the threshold dynamic minus
-    with it fixed, over the predicted activations, measured on this CPU (data/measurements/cpu_heap_retention.json).
-    The fit half sets the fraction; the user-script fixtures (test half) read 0.63-0.77."""
-    from zerotune.predictor.memory import CPU_HEAP_RETAINED_FRACTION
+    keeps them resident (data/hardware/cpu.yaml heap_retained_activation_fraction): peak RSS with the threshold
+    dynamic minus with it fixed, over the predicted activations, measured on this CPU
+    (data/measurements/cpu_heap_retention.json). The fit half sets the fraction; the user-script fixtures (test
+    half) read 0.62-0.75."""
+    fraction = load_hardware("cpu").heap_retained_activation_fraction
     for run in _heap_runs(half):
         retained = (run["peak_dynamic_bytes"] - run["peak_fixed_bytes"]) / (run["predicted_activations_mib"] * 2**20)
-        assert retained == pytest.approx(CPU_HEAP_RETAINED_FRACTION, abs=tolerance), run["workload"]
+        assert retained == pytest.approx(fraction, abs=tolerance), run["workload"]
 
 
 def test_heap_retention_is_a_cpu_rank_term_only() -> None:
     """Only a CPU rank's tensors come from glibc's heap; an accelerator's caching allocator is another story."""
-    from zerotune.predictor.memory import CPU_HEAP_RETAINED_FRACTION
+    fraction = load_hardware("cpu").heap_retained_activation_fraction
     cfg = DSConfig(precision="fp32", train_micro_batch_size_per_gpu=8)
     gpu = estimate_memory(make_job("gpt2", "a100-80gb", 1, 2, seq_len=128), cfg)
     cpu = estimate_memory(make_job("gpt2", "cpu", 1, 2, seq_len=128), cfg)
     assert gpu.breakdown_bytes["heap_retained"] == 0.0
     assert cpu.peak_phase == "forward_backward"
-    assert cpu.breakdown_bytes["heap_retained"] == pytest.approx(CPU_HEAP_RETAINED_FRACTION * cpu.breakdown_bytes["activations"])
+    assert cpu.breakdown_bytes["heap_retained"] == pytest.approx(fraction * cpu.breakdown_bytes["activations"])
