@@ -195,3 +195,28 @@ def test_a_head_tied_through_f_linear_on_the_embedding_is_read(tmp_path: Path) -
     assert run.model.num_params == sum(p.numel() for p in model.parameters())  # tied: no parameter added
     _write_profile(prefix, model, [{"name": "", "shape": [1, 17], "dtype": "int64"}], embedding_projections=0)
     assert read_profiled(prefix, "builtin", 2).model.head == "none"  # nothing seen, nothing invented
+
+
+@pytest.mark.parametrize("form", ["x @ table.T", "torch.matmul", "torch.einsum"])
+def test_a_head_tied_through_a_matmul_on_the_embedding_is_read(form: str) -> None:
+    """Scripts also write the tied head as `x @ wte.weight.T` or with matmul / einsum: the profiling hook's torch
+    function mode sees each, once per forward, and leaves no mode behind (later steps run unwatched)."""
+    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    project = {"x @ table.T": lambda x, w: x @ w.T, "torch.matmul": lambda x, w: torch.matmul(x, w.t()),
+               "torch.einsum": lambda x, w: torch.einsum("bsh,vh->bsv", x, w)}[form]
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.mix = torch.nn.Embedding(97, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return project(self.mix(self.wte(ids)), self.wte.weight)
+
+    model, state = Tied(), {}
+    site._watch_embedding_projection(model, state)
+    model(torch.randint(0, 97, (2, 5))).sum().backward()
+    model(torch.randint(0, 97, (2, 5)))
+    assert state["embedding_projections"] == 1 and not torch._C._is_torch_function_mode_enabled()

@@ -118,7 +118,7 @@ def _functional_head(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str])
     are most of a small model's FLOPs."""
     if spec.head != "none" or not int(rank0.get("embedding_projections") or 0):
         return spec
-    read.append("the forward projects onto the token embedding's table (F.linear with its weight): tied LM head")
+    read.append("the forward projects onto the token embedding's table (a matmul with its weight): tied LM head")
     return spec.replace(head="lm", tied_embeddings=True, head_bias=False)
 
 

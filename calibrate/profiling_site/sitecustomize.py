@@ -95,28 +95,44 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
     _watch_embedding_projection(engine.module, state)
 
 
+_PROJECTIONS = ("linear", "matmul", "mm", "bmm", "addmm", "einsum", "__matmul__", "__rmatmul__")
+"""Functions a head projects with: F.linear (nn.Linear's forward calls it), torch.matmul / mm / einsum and the @
+operator (`x @ wte.weight.T`). An embedding lookup takes the table too, through F.embedding, not these."""
+
+
 def _watch_embedding_projection(module: Any, state: dict[str, Any]) -> None:
-    """Counts F.linear calls whose weight is an nn.Embedding's table during the first forward: a head tied by
-    projecting with the embedding itself (GPT-2 style `F.linear(x, wte.weight)`) has no Linear module to read.
-    nn.Linear.forward calls F.linear through the module attribute (torch/nn/modules/linear.py), so one wrapper
-    sees both; it is removed after the first forward so later steps are timed without it."""
+    """Counts projections onto an nn.Embedding's table during the first forward: a head tied by projecting with
+    the embedding itself (GPT-2 style `F.linear(x, wte.weight)`, or `x @ wte.weight.T`) has no Linear module to
+    read. A torch function mode (torch.overrides.TorchFunctionMode) sees every torch function and Tensor method
+    call; an argument whose storage is a table's (a transpose is a view of it) is a projection. The table is
+    looked up at each call, so ZeRO-3's gathered weights count too. The mode is left after the first forward so
+    later steps are timed without it."""
     import torch
-    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
 
-    tables = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
-    linear = F.linear
+    embeddings = [m for m in module.modules() if isinstance(m, torch.nn.Embedding)]
 
-    @functools.wraps(linear)
-    def watched(x: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if id(weight) in tables:
-            state["embedding_projections"] += 1
-        return linear(x, weight, *args, **kwargs)
+    def on_table(arg: Any) -> bool:
+        if isinstance(arg, (list, tuple)):
+            return any(on_table(a) for a in arg)
+        if not isinstance(arg, torch.Tensor) or arg.numel() == 0:
+            return False
+        ptr = arg.untyped_storage().data_ptr()
+        return any(e.weight.numel() and e.weight.untyped_storage().data_ptr() == ptr for e in embeddings)
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if getattr(func, "__name__", "") in _PROJECTIONS and on_table(args):
+                state["embedding_projections"] += 1
+            return func(*args, **(kwargs or {}))
+
+    watch = Watch()
 
     def restore(*_: Any) -> None:
-        F.linear = linear
+        watch.__exit__(None, None, None)
         handle.remove()
     state["embedding_projections"] = 0
-    F.linear = watched
+    watch.__enter__()
     handle = module.register_forward_hook(restore)
 
 
