@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory, estimate_time
+from zerotune.predictor.estimate import estimate
 from zerotune.predictor.memory import state_bytes
 from zerotune.predictor.rank import evaluate_space, metric_value
 from zerotune.predictor.space import space_from_ds_config
@@ -218,3 +220,18 @@ def test_gpt2_large_on_16_v100s_ranks_no_zero3_above_zero1_and_zero2() -> None:
     stages = np.array([v.zero.stage for v in table.variants])
     best = {s: value[stages == s].max() for s in (1, 2, 3)}
     assert best[3] < min(best[1], best[2])
+
+
+@pytest.mark.parametrize("micro_batch", [4, 8])
+def test_zero3_over_zero1_on_the_cpu_within_a_fifth_of_the_alternated_measurement(micro_batch: int) -> None:
+    # issue 12's target: the predicted ZeRO-3 / ZeRO-1 step ratio within 20% of the measured one. Measured on this
+    # CPU alternated on a quiet machine (data/measurements/cpu_zero3_vs_zero1_alternated.json): 1.05 at
+    # micro-batch 4, 1.03 at 8 (medians of 4 launches each); predicted with the shipped CPU profile.
+    from zerotune.calibrate.profiles import load_profile
+    doc = json.loads((ROOT / "data/measurements/cpu_zero3_vs_zero1_alternated.json").read_text())
+    median = {r["stage"]: statistics.median(r["step_s"]) for r in doc["runs"] if r["micro_batch"] == micro_batch}
+    eff = load_profile(ROOT / "data/profiles/cpu.json").efficiency
+    job = make_job("zt-gpt-small", "cpu", 1, 2, seq_len=128)
+    step = {stage: estimate(job, DSConfig(precision="fp32", train_micro_batch_size_per_gpu=micro_batch,
+                                          zero=ZeroConfig(stage=stage)), eff).time.step_s for stage in (1, 3)}
+    assert step[3] / step[1] == pytest.approx(median[3] / median[1], rel=0.20)
