@@ -54,6 +54,10 @@ class HardwareSpec:
     accelerator with gloo): every collective's time then adds to the step, whatever overlap_comm and
     prefetching say."""
 
+    gemm_tile_elems: int = 128
+    """Largest output tile edge the device's GEMM kernels pad a dimension to (ops.gemm_s: tile and wave
+    quantization). 128 on GPUs (cuBLAS/CUTLASS thread-block tiles); a CPU core's kernels block the output in
+    register and AMX tiles of 16 rows, so a dimension one past a multiple of 128 costs 144 / 128, not twice."""
     heap_retained_activation_fraction: float = 0.0
     """Activation bytes the host allocator keeps resident at every step's peak beyond the live tensors, as a
     fraction of the activations (0 for a device's caching allocator, whose reserve is allocator_slack). On a CPU

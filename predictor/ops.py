@@ -42,7 +42,8 @@ __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "PhaseTimes", 
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
-"""Largest output tile edge of a tensor-core GEMM (cuBLAS/CUTLASS 128 x 128 thread-block tiles)."""
+"""Largest output tile edge of a tensor-core GEMM (cuBLAS/CUTLASS 128 x 128 thread-block tiles): the default of
+HardwareSpec.gemm_tile_elems."""
 MIN_TILE_ELEMS = 16
 FLASH_BACKWARD_PER_FORWARD = 2.5
 """Flash attention's backward recomputes the scores: 5 matmuls against the forward's 2 (Dao et al. 2022,
@@ -61,6 +62,8 @@ class DeviceRates:
     kernel_launch_s: float
     num_compute_units: int
     element_bytes: int
+    tile_elems: int = 128
+    """Largest output tile edge of the device's GEMM kernels (HardwareSpec.gemm_tile_elems)."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -68,21 +71,22 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
     launch = hw.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
     return DeviceRates(hw.matmul_flops[precision] * scale,
                        hw.achievable_memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency, launch,
-                       hw.num_compute_units, ELEMENT_BYTES[precision])
+                       hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
     return 2.0 * m * n * k * batch
 
 
-def _tile(dim: Batch) -> Batch:
-    """The tile edge a GEMM library picks for a dimension: the next power of two, 16 to 128."""
-    return np.clip(2.0 ** np.ceil(np.log2(np.maximum(dim, 1))), MIN_TILE_ELEMS, TILE_ELEMS)
+def _tile(dim: Batch, largest: int) -> Batch:
+    """The tile edge a GEMM library picks for a dimension: the next power of two, from MIN_TILE_ELEMS (or the
+    device's largest, if smaller) up to the device's largest."""
+    return np.clip(2.0 ** np.ceil(np.log2(np.maximum(dim, 1))), min(MIN_TILE_ELEMS, largest), largest)
 
 
 def gemm_s(m: Batch, n: Batch, k: Batch, batch: Batch, rates: DeviceRates) -> Batch:
     """Device seconds of `batch` (m x k) @ (k x n) products: roofline with tile and wave quantization."""
-    tm, tn = _tile(m), _tile(n)
+    tm, tn = _tile(m, rates.tile_elems), _tile(n, rates.tile_elems)
     tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
     tiles = tiles_m * tiles_n * batch
     units = rates.num_compute_units
