@@ -27,11 +27,10 @@ re-estimated from them, in the three groups the errors can tell apart (_excess):
 factors every candidate has in common: for the search they are one error), specific (the factors the candidates
 differ in, the family) and within-family (micro-batch, own). Family means' spread gives the specific part, their
 mean the common part (the method of moments); errors about their family's mean give the within-family part. One
-family measured cannot tell the cluster's error from its family's: the error beyond the prior goes half to the
-common part and whole to the specific part, so the measured family's band shrinks to the within-family error,
-the correction moves the others by about a third of the error, and their bands widen by the whole of it (it may
-be the measured family's alone; an even split left a family misjudged the other way unrun). A second family
-settles it: equal errors are common (the rest move with them and stay narrow), unequal ones are
+family measured cannot tell the cluster's error from its family's, so an error beyond the prior is split evenly
+between common and specific: the measured family's band shrinks to the within-family error, the correction
+moves the others by about half the error, and their bands widen with the evidence that the model is off. A
+second family settles it: equal errors are common (the rest move with them and stay narrow), unequal ones are
 specific (the rest stay wide and are run while they can beat the best).
 
 Memory: one unknown scale r of the predicted peak (need = r x predicted), a priori within 1 -+ MEMORY_Z x
@@ -175,9 +174,8 @@ def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray,
     prior's). Within families: the errors' deviations from their family's mean, regressed on log2 micro-batch,
     give the slope (one for the cluster) and, what the slope leaves, the within-family part. Between families:
     the spread of the family means gives the specific part, their mean the common part (the method of moments).
-    A single family cannot tell whether the cluster or the family is off: the error beyond the prior moves the
-    others by half (the common part gets half of it), while their bands allow all of it to be the measured
-    family's own (the specific part gets all of it), so a family the model misjudged the other way is still run."""
+    A single family cannot tell whether the cluster or the family is off, so an error beyond the prior is split
+    evenly between the two."""
     by_family: dict[FamilyKey, list[int]] = {}
     for i, label in enumerate(labels):
         by_family.setdefault(label, []).append(i)
@@ -193,7 +191,7 @@ def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray,
     mean = float(np.mean(means))
     if len(means) == 1:
         beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - within / len(errors))
-        return {"common": prior["common"] + beyond / 2, "specific": prior["specific"] + beyond, "within": within,
+        return {"common": prior["common"] + beyond / 2, "specific": prior["specific"] + beyond / 2, "within": within,
                 "slope": slope}
     specific = max(prior["specific"], float(np.var(means, ddof=1)))
     return {"common": max(prior["common"], mean ** 2 - specific / len(means)), "specific": specific,
