@@ -15,7 +15,11 @@ from zerotune.predictor import experiment_name, parse_ds_config
 from zerotune.validate.experiments import UserCommand
 from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.validate.results import ExperimentResult, Prediction
-from zerotune.validate.tune import BUILTIN_SCRIPT, EARLY_STOP_MARGIN, TuneSettings, stop_rule_for, tune
+from zerotune.predictor.rank import rank
+from zerotune.predictor.space import space_from_ds_config
+from zerotune.validate.tune import (BUILTIN_SCRIPT, EARLY_STOP_MARGIN, TuneSettings, load_profile_for, stop_rule_for,
+                                    tune)
+from tests.conftest import make_job
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY = str(FIXTURES / "tiny-gpt.yaml")
@@ -64,7 +68,7 @@ def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         # the first experiment runs at half its predicted speed (so the model still expects better elsewhere and
         # a second experiment is run); the second is ten times slower again and must be stopped early
-        step = 0.02 if len(calls) == 1 else 0.2
+        step = first_step if len(calls) == 1 else 10 * first_step
         if spec.stop_rule is not None:
             for n in range(1, 6):  # the run's steps as they are logged, one by one (window: steps 3-5)
                 reason = spec.stop_rule((step,) * n)
@@ -78,15 +82,20 @@ def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
            "autotuning": {"fast": True, "results_dir": str(tmp_path / "r"), "exps_dir": str(tmp_path / "e")}}
     settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", tmp_path / "ds.json"), doc, TINY,
                             "cpu", WORLD, seq_len=32, top_k=2, explore=())
+    eff, _ = load_profile_for("cpu")  # the profile tune predicts with: the first pick at half its predicted speed
+    space = space_from_ds_config(doc, world_size=WORLD, explore=())
+    top = rank(make_job(TINY, "cpu", 1, WORLD, seq_len=32), space, eff, top=1)
+    first_step = 2 * top.entries[0].estimate.time.step_s
     outcome = tune(settings, launcher, log=lambda _: None)
     assert len(outcome.results) == 2
     first, second = outcome.results
     assert first.status == "ok" and outcome.best is first
-    assert second.status == "stopped" and "cannot beat" in second.reason and second.step_s == pytest.approx(0.2)
+    assert second.status == "stopped" and "cannot beat" in second.reason
+    assert second.step_s == pytest.approx(10 * first_step)
     recorded = json.loads((tmp_path / "r" / second.name / "exp.json").read_text())["result"]
     assert recorded["status"] == "stopped" and "cannot beat" in recorded["reason"]
     stored = {m.source.rsplit("/", 1)[-1]: m for m in read_jsonl(tmp_path / "r" / "measurements.jsonl")}
-    assert stored[second.name].status == "stopped" and stored[second.name].step_s == pytest.approx(0.2)
+    assert stored[second.name].status == "stopped" and stored[second.name].step_s == pytest.approx(10 * first_step)
     assert "stopped early" in (tmp_path / "r" / "summary.txt").read_text()
 
 
