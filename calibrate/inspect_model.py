@@ -21,6 +21,7 @@ user's process.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -69,7 +70,15 @@ def _hf_config(model: nn.Module) -> dict[str, Any] | None:
         return None
     doc = to_dict()
     doc["_attn_implementation"] = getattr(config, "_attn_implementation", None)
-    return {k: v for k, v in doc.items() if isinstance(v, (int, float, str, bool, type(None), list))}
+    return {k: v for k, v in doc.items() if isinstance(v, (int, float, str, bool, type(None), list)) or _plain(v)}
+
+
+def _plain(value: Any) -> bool:
+    """A dict JSON can carry (transformers 5's rope_parameters, MPT's attn_config)."""
+    try:
+        return isinstance(value, dict) and bool(json.dumps(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding, dict[str, nn.Embedding]]:

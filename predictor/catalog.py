@@ -146,9 +146,10 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 _HF_KEYS = {"num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
             "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
-            "num_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
-            "num_kv_heads": ("num_key_value_heads",),
-            "ffn_hidden_size": ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"),
+            "num_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads"),
+            "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+            "ffn_hidden_size": ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim", "d_ff", "encoder_ffn_dim"),
+            "encoder_layers": ("encoder_layers",), "decoder_layers": ("decoder_layers", "num_decoder_layers"),
             "vocab_size": ("vocab_size",),
             "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx")}
 
@@ -204,7 +205,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
     get = _NamedIntegers(cfg, path)
     hidden, heads = get("hidden_size"), get("num_heads")
     common: dict[str, Any] = dict(
-        name=name, num_layers=get("num_layers"), hidden_size=hidden, num_heads=heads,
+        name=name, num_layers=_hf_layers(cfg, get), hidden_size=hidden, num_heads=heads,
         num_kv_heads=get("num_kv_heads", heads), ffn_hidden_size=get("ffn_hidden_size", 4 * hidden),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
@@ -217,8 +218,46 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         raise ValueError(f"{path}: {exc}") from None
 
 
+def _hf_layers(cfg: dict[str, Any], get: _NamedIntegers) -> int:
+    """Blocks a token passes through: an encoder-decoder's (T5's num_layers + num_decoder_layers, BART's
+    encoder_layers + decoder_layers, transformers' is_encoder_decoder) counted as one stack of both; the
+    decoder's cross-attention is not modelled."""
+    if cfg.get("is_encoder_decoder") or "encoder_layers" in cfg:
+        encoder = get("encoder_layers", 0) or get("num_layers")
+        return encoder + get("decoder_layers", encoder)
+    return get("num_layers")
+
+
+_ROTARY_KEYS = ("rope_parameters", "rope_theta", "rope_scaling", "rotary_dim", "rotary_pct", "rotary_emb_base",
+                "partial_rotary_factor")
+"""Keys only rotary-position configs carry (transformers 5 rope_parameters, GPT-NeoX rotary_pct, GPT-J rotary_dim,
+Llama-style rope_theta)."""
+
+
+def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Traits any family's config states through its keys: rotary, ALiBi (BLOOM) or T5's bucketed relative
+    positions (no position table in any), a gated MLP (SiLU's SwiGLU in the Llama lineage, T5's gated-gelu)."""
+    out: dict[str, Any] = {}
+    if any(cfg.get(k) is not None for k in _ROTARY_KEYS) or cfg.get("position_embedding_type") == "rotary":
+        out["position_embedding"] = "rotary"
+    elif cfg.get("alibi") or (cfg.get("attn_config") or {}).get("alibi") or cfg.get("model_type") == "bloom":
+        out["position_embedding"] = "none"
+    elif cfg.get("relative_attention_num_buckets"):
+        out["position_embedding"] = "relative"  # T5's bias table: buckets x heads, a few hundred values
+    if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
+        out["num_kv_heads"] = 1  # Falcon's and GPT-BigCode's single shared key/value head
+    if cfg.get("model_type") == "bloom":
+        out["embedding_norm"] = True  # transformers models/bloom/modeling_bloom.py word_embeddings_layernorm
+    if cfg.get("hidden_act") in ("silu", "swiglu") or str(cfg.get("feed_forward_proj", "")).startswith("gated"):
+        out["gated_mlp"] = True
+    return out
+
+
 def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Architecture traits that config.json implies through model_type rather than states."""
+    if model_type not in ("llama", "mistral", "qwen2", "gemma", "gpt_neo", "bert", "roberta", "distilbert",
+                          "deberta-v2"):
+        return _hf_traits(cfg)
     if model_type in ("llama", "mistral", "qwen2", "gemma"):
         return dict(position_embedding="rotary", gated_mlp=True, norm="rmsnorm",
                     qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),

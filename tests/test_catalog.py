@@ -195,6 +195,66 @@ def test_hf_config_gives_catalog_architecture(tmp_path: Path, name: str, config:
         assert getattr(from_hf, field) == getattr(catalog, field), field
 
 
+PYTHIA_160M_CONFIG = {
+    "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12,
+    "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "use_cache": True, "use_parallel_residual": True, "vocab_size": 50304,
+}  # https://huggingface.co/EleutherAI/pythia-160m/blob/main/config.json
+
+BLOOM_560M_CONFIG = {
+    "apply_residual_connection_post_layernorm": False, "attention_dropout": 0.0, "architectures": ["BloomForCausalLM"],
+    "attention_softmax_in_fp32": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_dropout": 0.0,
+    "hidden_size": 1024, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": True,
+    "model_type": "bloom", "n_head": 16, "n_inner": None, "n_layer": 24, "offset_alibi": 100, "pad_token_id": 3,
+    "pretraining_tp": 1, "skip_bias_add": True, "slow_but_exact": False, "unk_token_id": 0, "use_cache": True,
+    "vocab_size": 250880,
+}  # https://huggingface.co/bigscience/bloom-560m/blob/main/config.json
+
+
+@pytest.mark.parametrize("name, config, published, positions", [
+    # Pythia's README table (github.com/EleutherAI/pythia): 160M has 162,322,944 parameters in all; rotary positions
+    # (rotary_pct), so no position table, and an untied output matrix.
+    ("pythia-160m", PYTHIA_160M_CONFIG, 162_322_944, "rotary"),
+    # bigscience/bloom-560m's model card: 559,214,592 parameters; ALiBi positions (no table), a norm after the
+    # word embeddings.
+    ("bloom-560m", BLOOM_560M_CONFIG, 559_214_592, "none"),
+], ids=["pythia-160m", "bloom-560m"])
+def test_hf_config_of_a_family_outside_the_catalog_gives_the_published_count(
+        tmp_path: Path, name: str, config: dict, published: int, positions: str) -> None:
+    spec = load_model(str(_write_config(tmp_path, name, config)))
+    assert spec.num_params == published
+    assert spec.position_embedding == positions
+
+
+def test_hf_config_of_an_encoder_decoder_counts_both_stacks(tmp_path: Path) -> None:
+    # T5 names the encoder's depth num_layers and the decoder's num_decoder_layers (t5-small: 6 + 6); BART names
+    # encoder_layers / decoder_layers and encoder_attention_heads. A token passes through both stacks.
+    t5 = {"model_type": "t5", "is_encoder_decoder": True, "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8,
+          "num_layers": 6, "num_decoder_layers": 6, "vocab_size": 32128, "relative_attention_num_buckets": 32,
+          "feed_forward_proj": "relu"}
+    bart = {"model_type": "bart", "is_encoder_decoder": True, "d_model": 768, "encoder_layers": 6, "decoder_layers": 6,
+            "encoder_attention_heads": 12, "decoder_attention_heads": 12, "encoder_ffn_dim": 3072,
+            "decoder_ffn_dim": 3072, "vocab_size": 50265, "max_position_embeddings": 1024}
+    t5_spec, bart_spec = (load_model(str(_write_config(tmp_path, n, c))) for n, c in (("t5", t5), ("bart", bart)))
+    assert (t5_spec.num_layers, t5_spec.ffn_hidden_size, t5_spec.position_embedding) == (12, 2048, "relative")
+    assert (bart_spec.num_layers, bart_spec.num_heads, bart_spec.ffn_hidden_size) == (12, 12, 3072)
+
+
+def test_hf_config_traits_stated_by_keys_not_by_family_name(tmp_path: Path) -> None:
+    # transformers 5 writes rotary settings as rope_parameters; SiLU configs are the Llama lineage's SwiGLU MLP
+    # (Qwen3, OLMo); Falcon's multi_query shares one key/value head.
+    qwen3 = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "intermediate_size": 3072, "vocab_size": 1000, "hidden_act": "silu",
+             "max_position_embeddings": 40960, "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}
+    falcon = {"model_type": "falcon", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "vocab_size": 1000, "multi_query": True, "alibi": False, "new_decoder_architecture": False}
+    q, f = (load_model(str(_write_config(tmp_path, n, c))) for n, c in (("qwen3", qwen3), ("falcon", falcon)))
+    assert (q.position_embedding, q.gated_mlp, q.num_kv_heads) == ("rotary", True, 8)
+    assert (f.num_kv_heads, f.gated_mlp) == (1, False)
+
+
 @pytest.mark.parametrize("name", list_hardware())
 def test_comm_compute_overlap_is_a_bool_with_a_source_where_stated(name: str) -> None:
     # Devices with streams overlap (the default); the CPU accelerator has none (accelerator/cpu_accelerator.py:42,
