@@ -266,6 +266,12 @@ def classify(returncode: int | None, timed_out: bool, stdout: str, stderr: str, 
     killed = returncode in (-signal.SIGKILL, SIGKILL_EXIT) or "return code = -9" in text
     if returncode != 0 and killed and capped:
         return "oom", "a rank was killed (SIGKILL) under the memory cap", None
+    if returncode != 0 and killed:
+        # Without a cap, what SIGKILLs a rank mid-run is the kernel's OOM killer (mm/oom_kill.c sends SIGKILL):
+        # host memory ran out (the CPU accelerator's device memory, or offload's pinned buffers on a GPU node).
+        # Recorded as a failure, the search learns nothing about memory and runs the same size again.
+        return "oom", "a rank was killed (SIGKILL) with no memory cap set: host memory ran out (the kernel's OOM " \
+                      "killer), most likely", None
     if returncode != 0:
         reason = failure_reason(stderr) or failure_reason(stdout) or f"launcher exited with status {returncode}"
         return "failed", reason, None
