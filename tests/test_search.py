@@ -102,3 +102,16 @@ def test_a_trend_in_micro_batch_seen_in_one_family_carries_to_the_others() -> No
     assert post.mean[3] < post.mean[2] - 0.1
     flat = posterior(cands, [_observe(cands, 0, 1.0), _observe(cands, 1, 1.8)], U)  # no trend: none carried
     assert abs(flat.mean[3] - flat.mean[2]) < 0.02
+
+
+@pytest.mark.parametrize("step_8, ratio_8, expected_mb", [
+    (1.96, 1.0, 4),   # mbs 8 only 2% faster and a coin flip to fit (p 0.55): the first run takes the sure 4
+    (1.33, 0.868, 8),  # mbs 8 50% faster and p 0.9 to fit: worth the risk
+])
+def test_first_experiment_weighs_the_gain_against_the_chance_to_fit(step_8: float, ratio_8: float,
+                                                                     expected_mb: int) -> None:
+    # Seen live: a Trainer script whose predicted throughput was flat above micro-batch 64 got micro-batch 399 first
+    # (fits with p=0.51) and was killed by the OOM killer. The first run maximises p(fit) x throughput.
+    cands = _cands(step_s=[1.0, step_8, 5.0, 10.0, 5.0, 10.0], ratio=[0.2, ratio_8, 0.2, 0.2, 0.2, 0.2])
+    choice = choose(cands, [], U, np.zeros(6, dtype=bool))
+    assert int(cands.micro_batch[choice.index]) == expected_mb and cands.family[choice.index] == 0

@@ -380,10 +380,10 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
     if not open_.any():
         return Choice(None, "stopped: no configuration left that may fit in memory and was not run")
     best = measured_best(cands, observations)
-    if best is None:
+    if best is None:  # the first run: the most likely-fitting p(fit) x throughput (an OOM measures no speed)
         likely = open_ & (p_fit >= 0.5)
         pool = likely if likely.any() else open_
-        score = np.where(pool, goodness if likely.any() else p_fit, -np.inf)
+        score = np.where(pool, goodness + np.log(np.maximum(p_fit, 1e-12)) if likely.any() else p_fit, -np.inf)
         return _choice(cands, int(np.argmax(score)), goodness, post, p_fit)
     bound = goodness + BAND_Z * post.std
     margin = MIN_GAIN_REL if min_gain_rel is None else min_gain_rel
