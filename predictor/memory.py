@@ -262,6 +262,16 @@ def _host_checkpoint_bytes(job: Job, cfg: DSConfig, micro_batch: Any) -> Any:
                                                                            DTYPE_BYTES[cfg.precision])
 
 
+def _node_host_bytes(job: Job, device_bytes: Any, host_bytes: Any) -> Any:
+    """Host memory of one node: every rank's offloaded states and CPU checkpoints, plus, on the CPU accelerator,
+    every rank's "device" memory, which is the same RAM (DeepSpeed 0.19 accelerator/cpu_accelerator.py
+    total_memory() is psutil.virtual_memory().total, the whole host, for each rank): two ranks of 20 GiB each do
+    not fit in 24 GiB (seen: the kernel's OOM killer took a rank at 11.8 GiB resident, the other as large)."""
+    per_node = job.cluster.num_gpus_per_node
+    shared = device_bytes if job.cluster.hardware.kind == "cpu" else 0.0
+    return (host_bytes + shared) * per_node
+
+
 def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> MemoryEstimate:
     """Peak bytes per device for one configuration, with the breakdown at the peak phase."""
     phases, states = _phases(job, cfg)
@@ -276,8 +286,9 @@ def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> 
     host = states.host_bytes + _host_checkpoint_bytes(job, cfg, cfg.train_micro_batch_size_per_gpu)
     per_node = job.cluster.num_gpus_per_node
     hw = job.cluster.hardware
+    host_node = _node_host_bytes(job, max(totals.values()), host)
     return MemoryEstimate(breakdown_bytes=breakdown, peak_phase=peak_phase, phase_totals_bytes=totals,
-                          capacity_bytes=hw.memory_bytes, host_bytes_per_node=host * per_node,
+                          capacity_bytes=hw.memory_bytes, host_bytes_per_node=host_node,
                           host_capacity_bytes_per_node=hw.host_memory_bytes,
                           nvme_bytes_per_node=states.nvme_bytes * per_node)
 
@@ -296,5 +307,5 @@ def memory_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: np.nda
     others = max(sum(phases[name].values()) for name in PHASES if name != "forward_backward")
     live = np.maximum(forward_backward, others)
     total = live * (1 + eff.allocator_slack_fraction) + _reserved_bytes(job, eff)
-    host = (states.host_bytes + _host_checkpoint_bytes(job, cfg, micro_batch)) * job.cluster.num_gpus_per_node
+    host = _node_host_bytes(job, total, states.host_bytes + _host_checkpoint_bytes(job, cfg, micro_batch))
     return total, host + 0 * micro_batch

@@ -60,7 +60,8 @@ def test_memory_limit_moves_on_oom_and_on_fits() -> None:
     assert oom[0] == pytest.approx(1 / 0.95)
     assert fit_probability(np.array([1.15]), oom)[0] == 0.0 and fit_probability(np.array([0.5]), oom)[0] == 1.0
     far = memory_bounds([_observe(cands, 0, 0.0, "oom")], U)  # an OOM at half the predicted limit
-    assert far[0] == pytest.approx(1.2)  # moves the floor to the prior's far edge, no further
+    assert far == pytest.approx((2.0, 3.0))  # the model is off beyond its band: the band moves up to start there
+    assert fit_probability(np.array([0.5 * 0.998]), far)[0] < 0.01  # one sample smaller is not "sure to fit"
     done = np.zeros(len(cands), dtype=bool)
     done[2] = True
     after = choose(cands, [_observe(cands, 2, 0.0, "oom")], U, done)  # family 1's micro-batch 4 ran out

@@ -66,10 +66,14 @@ def format_estimate(est: Estimate, calibrated: bool = False) -> str:
     lines += [f"  {'total':<42}{mem.total_bytes / GIB:>9.2f}",
               f"  {'capacity':<42}{mem.capacity_bytes / GIB:>9.2f}", ""]
     verdict = "FITS" if mem.fits else "DOES NOT FIT"
+    host_bound = mem.host_bytes_per_node > mem.host_capacity_bytes_per_node
     lines.append(f"{verdict}: headroom {mem.headroom_bytes / GIB:+.2f} GiB per GPU "
-                 f"({mem.headroom_bytes / mem.capacity_bytes:+.1%} of capacity)")
+                 f"({mem.headroom_bytes / mem.capacity_bytes:+.1%} of capacity)"
+                 + ("; the node's host memory is exceeded" if host_bound else ""))
     if mem.host_bytes_per_node or mem.nvme_bytes_per_node:
-        lines.append(f"host memory per node for offload: {mem.host_bytes_per_node / GIB:.2f} GiB of "
+        what = "every rank's memory (the CPU accelerator's device memory is host RAM)" if c.hardware.kind == "cpu" \
+            else "offload"
+        lines.append(f"host memory per node for {what}: {mem.host_bytes_per_node / GIB:.2f} GiB of "
                      f"{mem.host_capacity_bytes_per_node / GIB:.0f} GiB; NVMe {mem.nvme_bytes_per_node / GIB:.2f} GiB")
     label = f"time per optimizer step ({'calibrated' if calibrated else 'uncalibrated'})"
     lines += ["", f"{label:<44}{'ms':>9}{'share':>8}"]

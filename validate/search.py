@@ -296,15 +296,17 @@ def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty)
     """(lowest, highest) scale r of predicted peak memory that the runs so far allow."""
     prior_low, prior_high = 1.0 - MEMORY_Z * uncertainty.memory_rel, 1.0 + MEMORY_Z * uncertainty.memory_rel
     low, high = prior_low, prior_high
-    for o in observations:
-        if o.memory_ratio <= 0:
-            continue
-        # a run moves an edge, but not past the other prior edge: an OOM far below the predicted limit says more
-        # about that run (another process, the host) than about the memory model everywhere
-        if o.status in MEASURED:
-            high = min(high, max(1.0 / o.memory_ratio, prior_low))
-        elif o.status == "oom":
-            low = max(low, min(1.0 / o.memory_ratio, prior_high))
+    for o in (o for o in observations if o.memory_ratio > 0 and o.status in MEASURED):
+        high = min(high, max(1.0 / o.memory_ratio, prior_low))  # a fit moves the upper edge, not past the lower
+    for o in (o for o in observations if o.memory_ratio > 0 and o.status == "oom"):
+        if 1.0 / o.memory_ratio <= prior_high:
+            low = max(low, 1.0 / o.memory_ratio)
+        else:
+            # An OOM the prior said could not happen: the model is off beyond its band (seen: host RAM that both
+            # CPU ranks share counted once). The band moves up to start at the OOM, keeping its width, rather than
+            # stopping at its edge, where a configuration one sample smaller would count as sure to fit.
+            low = max(low, 1.0 / o.memory_ratio)
+            high = max(high, low * prior_high / prior_low)
     return (low, high) if low <= high else (high, low)  # contradicting runs (allocator noise): keep both edges
 
 
