@@ -38,6 +38,9 @@ class Measurement:
     step_s: float | None = None
     """Median seconds per optimizer step over the measured steps."""
     throughput_samples_per_s: float | None = None
+    step_s_rel_error: float | None = None
+    """Standard error of step_s relative to it (0.1: 10%), from the spread of the steps it is the median of;
+    None where unknown (then zerotune.validate.search takes its run-to-run NOISE_STD)."""
     peak_memory_bytes: float | None = None
     """Peak device memory per rank: max_memory_allocated on GPUs, peak resident set size on the CPU target."""
     reserved_memory_bytes: float | None = None
@@ -62,6 +65,10 @@ class Measurement:
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"measurement from {self.source or 'unknown source'}: {name} must be a positive "
                                  f"number, got {value!r}")
+        if self.step_s_rel_error is not None and not (math.isfinite(self.step_s_rel_error)
+                                                      and self.step_s_rel_error >= 0):
+            raise ValueError(f"measurement from {self.source or 'unknown source'}: step_s_rel_error must be a "
+                             f"number >= 0, got {self.step_s_rel_error!r}")
 
     @property
     def world_size(self) -> int:

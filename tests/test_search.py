@@ -5,6 +5,7 @@ predictions but are not experiments."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -116,3 +117,29 @@ def test_first_experiment_weighs_the_gain_against_the_chance_to_fit(step_8: floa
     cands = _cands(step_s=[1.0, step_8, 5.0, 10.0, 5.0, 10.0], ratio=[0.2, ratio_8, 0.2, 0.2, 0.2, 0.2])
     choice = choose(cands, [], U, np.zeros(6, dtype=bool))
     assert int(cands.micro_batch[choice.index]) == expected_mb and cands.family[choice.index] == 0
+
+
+def test_a_run_whose_steps_spread_corrects_the_predictions_less() -> None:
+    # The profiling run at micro-batch 1 times a few steps that spread widely (seen on this CPU: 0.56-0.96 s; three
+    # runs of one script measured 2.8, 3.9 and 3.1 samples/s): weighted like a steady experiment, one such run moved
+    # every prediction by its noise. Its standard error enters the posterior as that observation's own noise.
+    cands, tight = _cands(), Uncertainty(step_time_rel=0.035, memory_rel=0.08)  # the shipped CPU profile's bands
+    steady = posterior(cands, [_observe(cands, 1, 1.8 * 1.3)], tight)
+    spread = posterior(cands, [replace(_observe(cands, 1, 1.8 * 1.3), noise_std=0.11)], tight)
+    assert 0 < spread.mean[0] < 0.9 * steady.mean[0]  # one run cannot tell noise from model error: it still moves
+    assert spread.std[0] > steady.std[0]
+    wide = (posterior(cands, [o], U).mean[0] for o in (_observe(cands, 1, 2.34), replace(_observe(cands, 1, 2.34),
+                                                                                           noise_std=0.11)))
+    assert next(wide) > next(wide) > 0  # under a wide prior the noisy run still corrects, a little less
+
+
+def test_step_rel_error_is_the_standard_error_of_the_median_of_the_steps_after_the_first() -> None:
+    from zerotune.predictor import load_model
+    from zerotune.validate.profiled import ProfiledRun, step_rel_error
+    steps = (0.875, 0.76, 0.957, 0.786, 0.556, 0.656)  # the profiling run above, rank 0's wall steps
+    run = ProfiledRun(load_model("gpt2"), (), (), 160, 1, 0, {}, "float32", False, steps, None)
+    logs = [math.log(s) for s in steps[1:]]
+    mean = sum(logs) / 5
+    expected = math.sqrt(math.pi / 2) * math.sqrt(sum((x - mean) ** 2 for x in logs) / 4) / math.sqrt(5)
+    assert step_rel_error(run) == pytest.approx(expected, rel=1e-3) and 0.09 < expected < 0.13
+    assert step_rel_error(replace(run, step_s=steps[:3])) is None

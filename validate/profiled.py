@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from zerotune.predictor.activations import layer_activation_bytes
 from zerotune.predictor.catalog import model_from_hf_dict
 from zerotune.predictor.model import ModelSpec
 
-__all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "model_yaml"]
+__all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "step_rel_error", "model_yaml"]
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
@@ -170,6 +171,19 @@ def median_step_s(run: ProfiledRun) -> float | None:
     """The median wall step after the first (which pays for warm-up), or the first when it is alone."""
     steps = run.step_s[1:] or run.step_s
     return statistics.median(steps) if steps else None
+
+
+MEDIAN_EFFICIENCY = 1.2533
+"""Standard error of a median over the mean's, for normal samples (sqrt(pi / 2))."""
+
+
+def step_rel_error(run: ProfiledRun) -> float | None:
+    """Standard error of median_step_s relative to it, from the spread of the log step times after the first;
+    None with fewer than three."""
+    steps = [s for s in run.step_s[1:] if s > 0]
+    if len(steps) < 3:
+        return None
+    return MEDIAN_EFFICIENCY * statistics.stdev(math.log(s) for s in steps) / math.sqrt(len(steps))
 
 
 def model_yaml(run: ProfiledRun, source: str) -> str:

@@ -64,7 +64,8 @@ from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
-           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "BAND_Z", "MEMORY_Z"]
+           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "BAND_Z", "MEMORY_Z",
+           "NOISE_STD"]
 
 FamilyKey = tuple[int, str, str, bool, int, int]
 """(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""
@@ -147,6 +148,9 @@ class Observation:
     step_s: float | None = None
     index: int | None = None
     """The candidate it ran, when it is one."""
+    noise_std: float = NOISE_STD
+    """Standard error of log(step_s): NOISE_STD, or more for a run whose few steps spread widely (the profiling run
+    at the smallest micro-batch)."""
 
 
 @dataclass(frozen=True)
@@ -168,14 +172,16 @@ def _varying(families: Sequence[FamilyKey]) -> tuple[bool, ...]:
     return tuple(len({tuple(f[p] for p in positions) for f in families}) > 1 for positions in _FACTORS)
 
 
-def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray, prior: dict[str, float]
-            ) -> dict[str, float]:
+def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray, prior: dict[str, float],
+            noise_var: np.ndarray | None = None) -> dict[str, float]:
     """The common, slope, specific and within-family variances the measured errors call for (never below the
     prior's). Within families: the errors' deviations from their family's mean, regressed on log2 micro-batch,
     give the slope (one for the cluster) and, what the slope leaves, the within-family part. Between families:
     the spread of the family means gives the specific part, their mean the common part (the method of moments).
     A single family cannot tell whether the cluster or the family is off, so an error beyond the prior is split
-    evenly between the two."""
+    evenly between the two. Each error carries its measurement's noise (`noise_var`, per error): the part of the
+    spread that noise explains calls for no wider prior."""
+    noise_var = np.zeros(len(errors)) if noise_var is None else noise_var
     by_family: dict[FamilyKey, list[int]] = {}
     for i, label in enumerate(labels):
         by_family.setdefault(label, []).append(i)
@@ -186,16 +192,18 @@ def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray,
     if float(dev_l @ dev_l) > 0:
         fitted = float(dev_e @ dev_l) / float(dev_l @ dev_l)
         slope, dev_e, dof = max(slope, fitted ** 2), dev_e - fitted * dev_l, dof - 1
+    noise = float(np.mean(noise_var))
     if dof > 0:
-        within = max(within, float(dev_e @ dev_e) / dof)
+        within = max(within, float(dev_e @ dev_e) / dof - noise)
+    mean_noise = float(np.mean([np.mean(noise_var[ix]) / len(ix) for ix in by_family.values()]))
     mean = float(np.mean(means))
     if len(means) == 1:
-        beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - within / len(errors))
+        beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - within / len(errors) - mean_noise)
         return {"common": prior["common"] + beyond / 2, "specific": prior["specific"] + beyond / 2, "within": within,
                 "slope": slope}
-    specific = max(prior["specific"], float(np.var(means, ddof=1)))
-    return {"common": max(prior["common"], mean ** 2 - specific / len(means)), "specific": specific,
-            "within": within, "slope": slope}
+    specific = max(prior["specific"], float(np.var(means, ddof=1)) - mean_noise)
+    return {"common": max(prior["common"], mean ** 2 - specific / len(means) - mean_noise / len(means)),
+            "specific": specific, "within": within, "slope": slope}
 
 
 @dataclass(frozen=True)
@@ -220,7 +228,7 @@ class _Variances:
 
 def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: float,
                errors: np.ndarray | None = None, labels: Sequence[FamilyKey] = (),
-               log_mb: np.ndarray | None = None) -> _Variances:
+               log_mb: np.ndarray | None = None, noise_var: np.ndarray | None = None) -> _Variances:
     """Each kernel term's variance: the prior's shares of the ranking's band, scaled where the measured errors
     (`errors`, of configurations of families `labels`) exceed them (_excess). Terms are grouped as the errors can
     tell them apart: common (shared, and the factors every configuration of `families` has in common), slope
@@ -234,7 +242,7 @@ def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: 
              "slope": 0.0}
     scale, slope = {k: 1.0 for k in prior}, 0.0
     if errors is not None and log_mb is not None and len(errors):
-        excess = _excess(errors, labels, log_mb, prior)
+        excess = _excess(errors, labels, log_mb, prior, noise_var)
         slope = excess.pop("slope")
         scale = {k: v / prior[k] for k, v in excess.items()}
     return _Variances(shared=base["shared"] * scale["common"],
@@ -273,7 +281,9 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
     families = list(cands.families) + [o.family for o in ok if o.family not in cands.families]
     obs_mb = np.array([o.micro_batch for o in ok])
     centre = float(np.mean(np.log2(cands.micro_batch.astype(float)))) if len(cands) else 0.0
-    var = _variances(uncertainty, families, centre, errors, [o.family for o in ok], np.log2(obs_mb.astype(float)))
+    noise_var = np.array([o.noise_std for o in ok]) ** 2
+    var = _variances(uncertainty, families, centre, errors, [o.family for o in ok], np.log2(obs_mb.astype(float)),
+                     noise_var)
     prior_var = var.total(cands.micro_batch)
     if not ok:
         return Posterior(np.zeros(len(cands)), np.sqrt(prior_var))
@@ -281,7 +291,7 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
     fam_k = _family_kernel(families, families, var)
     obs_fam = np.array([index[o.family] for o in ok])
     k_oo = _kernel(obs_fam, obs_mb, obs_fam, obs_mb, fam_k, var)
-    k_oo += np.eye(len(ok)) * (var.own + NOISE_STD ** 2)
+    k_oo += np.diag(var.own + noise_var)
     chol = np.linalg.cholesky(k_oo)
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, errors))
     k_co = _kernel(cands.family, cands.micro_batch, obs_fam, obs_mb, fam_k, var)
@@ -466,4 +476,5 @@ def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -
                 memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))
     ok = measurement.status in ("ok", "stopped")
     return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
-                       est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None)
+                       est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None,
+                       noise_std=max(NOISE_STD, measurement.step_s_rel_error or 0.0))

@@ -49,9 +49,10 @@ from zerotune.validate.experiments import (UserCommand, check_arg_mappings, filt
 from zerotune.validate.args import positive_float, positive_int
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
-from zerotune.validate.search import (Choice, Observation, SearchTable, candidate_table, fit_probability, memory_bounds,
-                             observation_of, prediction_of, run_search)
-from zerotune.validate.profiled import ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled
+from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, candidate_table, fit_probability,
+                                     memory_bounds, observation_of, prediction_of, run_search)
+from zerotune.validate.profiled import (ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled,
+                                        step_rel_error)
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
@@ -201,7 +202,9 @@ def _first_predictions(job: Job, model: _Model, measured: Sequence[Measurement],
         low, high = _band(m.samples_per_step / step_s, "throughput", model.uncertainty.step_time_rel)
         lines.append(f"zerotune tune: profiling run {experiment_name(m.config)}: measured "
                      f"{m.samples_per_step / m.measured_step_s:.4g} samples/s, predicted {m.samples_per_step / step_s:.4g}"
-                     f" (band {low:.4g}-{high:.4g}); the predictions are corrected with it")
+                     f" (band {low:.4g}-{high:.4g}); the predictions are corrected with it"
+                     + (f", weighted as a measurement within +-{m.step_s_rel_error:.0%} (its steps spread)"
+                        if (m.step_s_rel_error or 0) > NOISE_STD else ""))
     return lines
 
 
@@ -584,8 +587,9 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
         return None
     return Measurement(model=model_path, hardware=settings.hardware, num_nodes=settings.num_nodes,
                        num_gpus_per_node=settings.num_gpus, seq_len=seq_len, config=cfg, status="ok", step_s=step_s,
-                       throughput_samples_per_s=samples / step_s, peak_memory_bytes=profiled.peak_memory_bytes,
-                       source=str(run.run_dir), reason="zerotune tune's profiling run")
+                       throughput_samples_per_s=samples / step_s, step_s_rel_error=step_rel_error(profiled),
+                       peak_memory_bytes=profiled.peak_memory_bytes, source=str(run.run_dir),
+                       reason="zerotune tune's profiling run")
 
 
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
