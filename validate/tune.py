@@ -74,6 +74,10 @@ EARLY_STOP_MARGIN = 0.05
 (step times spread by a few percent from step to step)."""
 NO_PROFILE = "none"
 """--profile's value that tunes uncalibrated even where a calibration profile exists."""
+EXPERIMENT_STARTUP_S = 20.0
+"""Wall seconds an experiment takes before its first step: DeepSpeed's launcher, the process group and the engine
+(15-25 s a warm run on this project's 2-core CPU machine; more on GPU nodes, where it only makes the step times
+matter less). The search weighs expected improvement against start-up plus the timed steps."""
 DEFAULT_TOP_K = 8
 """--top_k's default: a ceiling on experiments; the stopping rule usually ends the search well before it."""
 
@@ -427,6 +431,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
         for line in _first_predictions(job, model, initial, at.metric):
             log(line)
     table = candidate_table(job, space, model.efficiency, at.metric)
+    table = replace(table, candidates=table.candidates.with_cost(EXPERIMENT_STARTUP_S, at.end_profile_step + 1))
     bounds = memory_bounds([observation_of(job, model.efficiency, m) for m in initial], model.uncertainty)
     if not fit_probability(table.candidates.memory_ratio, bounds).any():
         raise _nothing_fits(job, space, model.efficiency, model.uncertainty)
