@@ -146,6 +146,34 @@ def test_hugging_face_masked_lm_keeps_its_head_from_the_modules(tmp_path: Path) 
     assert m.num_params == sum(p.numel() for p in model.parameters())  # every tensor, counted once
 
 
+_HF_FAMILIES = {  # small configs of families outside the catalog, as a Trainer script builds them in code
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                                             intermediate_size=1024, rotary_pct=0.5)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                                      num_key_value_heads=2, intermediate_size=688, head_dim=64)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=256, n_layer=3, n_head=4)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                                intermediate_size=1024)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+                                                ffn_dim=1024, word_embed_proj_dim=256)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_HF_FAMILIES))
+def test_hugging_face_families_outside_the_catalog_are_read_to_their_parameter_count(tmp_path: Path,
+                                                                                     family: str) -> None:
+    """Rotary (GPT-NeoX, Phi, Qwen3: transformers 5's rope_parameters) and ALiBi (BLOOM) models have no position
+    table; Qwen3's SiLU MLP is gated. Read as GPT-2-shaped, GPT-NeoX came out 11% and Qwen3 166% over the module's
+    count (a 40960-row position table)."""
+    transformers = pytest.importorskip("transformers")
+    config_cls, model_cls, kwargs = _HF_FAMILIES[family]
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(vocab_size=5000, **kwargs))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}])
+    run = read_profiled(prefix, f"hf-{family}", 2)
+    assert run.model.num_params == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
+
+
 def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_path: Path) -> None:
     """The profiling hook counts what autograd saves in the first block (saved-tensor hooks); the model's
     activation_scale then makes the formula give exactly that for the script's own code."""
