@@ -16,3 +16,24 @@ def test_a_trainer_config_gets_the_trainer_flag_for_each_auto_batch_key() -> Non
                            ["--per_device_train_batch_size", "8"], micro_mapped)
     check_arg_mappings({"gradient_accumulation_steps": "auto"}, [],
                        {**micro_mapped, "gradient_accumulation_steps": "--gradient_accumulation_steps"})
+
+
+def test_a_trainer_command_with_auto_batch_keys_is_mapped_to_the_trainers_own_flags() -> None:
+    """A Trainer command (it passes --per_device_train_batch_size) with "auto" batch keys and no arg_mappings: the
+    Trainer refuses a ds_config number that differs from its flags, so those flags are the only ones to rewrite;
+    they are added (and said), the user's other autotuning keys kept. Any other script still has to say which
+    flag it reads."""
+    from zerotune.validate.experiments import rewrite_args, trainer_arg_mappings
+    doc = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "autotuning": {"enabled": True, "end_profile_step": 4}}
+    args = ["--output_dir", "out", "--per_device_train_batch_size=4"]
+    mapped, added = trainer_arg_mappings(doc, args)
+    assert added == ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    assert mapped["autotuning"]["end_profile_step"] == 4
+    check_arg_mappings(mapped, args, mapped["autotuning"]["arg_mappings"])
+    assert rewrite_args(args, mapped["autotuning"]["arg_mappings"],
+                        {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2}) == \
+        ("--output_dir", "out", "--per_device_train_batch_size=16", "--gradient_accumulation_steps", "2")
+    assert trainer_arg_mappings(doc, ["--batch_size", "4"]) == (doc, ())  # not a Trainer: nothing guessed
+    with pytest.raises(ValueError, match="arg_mappings has no train_micro_batch_size_per_gpu"):
+        check_arg_mappings(doc, ["--batch_size", "4"], None)

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 from zerotune.predictor import DSConfig, to_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig
 
-__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "experiment_ds_config",
-           "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS"]
+__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "trainer_arg_mappings", "experiment_ds_config",
+           "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS", "TRAINER_FLAGS"]
 
 DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
 """How scripts receive the config path: deepspeed.add_config_arguments' --deepspeed_config, or the Hugging Face
@@ -26,7 +26,7 @@ BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 """The ds_config keys a tuned experiment changes that scripts also take from their own arguments."""
 _BATCH_FLAG = re.compile(r"^--?[\w-]*(batch[_-]?size|micro[_-]?batch)[\w-]*(=.*)?$", re.IGNORECASE)
 _ACCUM_FLAG = re.compile(r"^--?[\w-]*(accumulation|grad[_-]?accum)[\w-]*(=.*)?$", re.IGNORECASE)
-_TRAINER_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps")
+TRAINER_FLAGS = ("--per_device_train_batch_size", "--gradient_accumulation_steps")
 """The Hugging Face TrainingArguments flags that fill BATCH_KEYS' "auto" values."""
 _NOT_TRAINING = re.compile(r"eval|valid|test|infer", re.IGNORECASE)
 
@@ -103,12 +103,29 @@ def rewrite_args(args: Sequence[str], arg_mappings: Mapping[str, str] | None,
     return tuple(out)
 
 
+def trainer_arg_mappings(doc: Mapping[str, Any], args: Sequence[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A Hugging Face Trainer command (its --per_device_train_batch_size among the arguments) whose ds_config
+    leaves batch keys "auto": the Trainer fills them from its own flags (transformers integrations/deepspeed.py,
+    HfTrainerDeepSpeedConfig.trainer_config_process) and refuses a number that differs from them, so its flags are
+    the ones to rewrite and no other reading is possible. (the ds_config with those arg_mappings added, the keys
+    added); unchanged for any other command."""
+    if not any(a == TRAINER_FLAGS[0] or a.startswith(TRAINER_FLAGS[0] + "=") for a in args):
+        return dict(doc), ()
+    section = doc.get("autotuning") if isinstance(doc.get("autotuning"), Mapping) else {}
+    mappings = dict(section.get("arg_mappings") or {})
+    added = tuple(k for k in BATCH_KEYS if doc.get(k) == "auto" and k not in mappings)
+    if not added:
+        return dict(doc), ()
+    mappings.update({k: flag for k, flag in zip(BATCH_KEYS, TRAINER_FLAGS) if k in added})
+    return {**doc, "autotuning": {**section, "arg_mappings": mappings}}, added
+
+
 def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Mapping[str, str] | None) -> None:
     """Refuse a tune whose experiments would silently run the user's batch instead of the tuned one: the config
     says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
     a batch-size flag, and arg_mappings does not say which flag to rewrite."""
     mapped = set((arg_mappings or {}).keys())
-    for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), _TRAINER_FLAGS):
+    for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), TRAINER_FLAGS):
         if key in mapped:
             continue
         flags = [a.split("=", 1)[0] for a in args if pattern.match(a) and not _NOT_TRAINING.search(a)]

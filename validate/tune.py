@@ -43,9 +43,10 @@ from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from zerotune.predictor.units import GIB
-from zerotune.validate.experiments import (UserCommand, check_arg_mappings, filtered_resources, read_ds_config, experiment_ds_config,
-                                  optimal_ds_config,
-                                  read_hostfile, rewrite_args, split_user_command)
+from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, check_arg_mappings,
+                                          experiment_ds_config, filtered_resources, optimal_ds_config,
+                                          read_ds_config, read_hostfile, rewrite_args, split_user_command,
+                                          trainer_arg_mappings)
 from zerotune.validate.args import positive_float, positive_int
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
@@ -554,7 +555,10 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         if item not in EXPLORABLE:
             raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
     command, model, seq_len = _command(args)
-    doc = read_ds_config(command.ds_config_path)
+    doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path), command.args)
+    for key in mapped:
+        print(f"zerotune tune: ds_config {key} is \"auto\" and the script is a Hugging Face Trainer's: each "
+              f"experiment sets it through {dict(zip(BATCH_KEYS, TRAINER_FLAGS))[key]} (autotuning.arg_mappings)")
     hardware = args.hardware or _default_hardware()
     hw = load_hardware(hardware)
     num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
