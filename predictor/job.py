@@ -62,6 +62,9 @@ class Efficiency:
     (zerotune.validate.accuracy --half fit): for the 12-layer 2048-wide model at equal work per GPU (micro-batch = tp =
     1, 2, 4, 8) each micro-step grew by 11, 18 and 35 ms over tp 1, which 6 all-reduces per block take at
     65 us + rings of 53-115 GB/s bus bandwidth; of 4, 8, 16 and 32 MB, 8 and 65 us ranked best."""
+    tensor_parallel_host_call_s: float = 0.0
+    """Host seconds of one tensor-parallel all-reduce call (the autograd function and NCCL's enqueue), added to the
+    host's side of its phase; the device's side is tensor_parallel_call_s."""
     tensor_parallel_call_s: float = 65e-6
     """Fixed seconds of one tensor-parallel all-reduce beyond its ring steps: the autograd function, NCCL's
     launch and the compute stream's wait on it (the fit above)."""

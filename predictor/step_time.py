@@ -347,10 +347,12 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     loss_s = loss_calls * tensor_parallel_allreduce_s(job, cfg, eff, micro_batch * job.seq_len * DTYPE_BYTES["fp32"])
     dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = _stage_op_times(job, cfg, eff, micro_batch)
     calls_f, calls_b, calls_r = _tensor_parallel_calls(job, cfg)
-    forward = _forward_s(dev_f + calls_f * per_call + loss_s, host_f, dev_tail + loss_s, host_tail)
+    host_call = eff.tensor_parallel_host_call_s
+    forward = _forward_s(dev_f + calls_f * per_call + loss_s, host_f + (calls_f + loss_calls) * host_call,
+                         dev_tail + loss_s, host_tail + loss_calls * host_call)
     added = forward - _forward_s(dev_f, host_f, dev_tail, host_tail)
-    for comm, dev, host in zip((calls_b * per_call, calls_r * per_call), (dev_b, dev_r), (host_b, host_r)):
-        added = added + np.maximum(dev + comm, host) - np.maximum(dev, host)
+    for calls, dev, host in zip((calls_b, calls_r), (dev_b, dev_r), (host_b, host_r)):
+        added = added + np.maximum(dev + calls * per_call, host + calls * host_call) - np.maximum(dev, host)
     return gas * added
 
 

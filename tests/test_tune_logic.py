@@ -159,6 +159,23 @@ def test_failures_are_recorded_with_their_reason_and_the_tuner_goes_on(tmp_path:
     assert "pdsh" in summary and "oom" in summary
 
 
+def test_a_script_that_ends_before_the_engine_measures_says_how_many_steps_it_needs(tmp_path: Path,
+                                                                                     budget_ends_it: None) -> None:
+    # A clean exit with no metrics: the user's loop (--max_steps, a short dataset) stopped before DeepSpeed's engine
+    # reached end_profile_step; "no metrics written" alone does not say what to change.
+    settings = _settings(tmp_path, [6, 8], [0], top_k=2)
+    fake = FakeLauncher()
+
+    def short(spec: LaunchSpec) -> RunResult:
+        if _name(spec) != "z0_gas1_tmbspg8":
+            return fake(spec)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        return RunResult("failed", "no metrics written", 0, 1.0, spec.run_dir, None)
+    outcome = tune(settings, short, log=lambda _: None)
+    failed = {r.name: r for r in outcome.results}["z0_gas1_tmbspg8"]
+    assert failed.status == "failed" and "end_profile_step 2" in failed.reason and "at least 3" in failed.reason
+
+
 def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path, budget_ends_it: None) -> None:
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
     with pytest.raises(KeyboardInterrupt):

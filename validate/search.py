@@ -39,18 +39,24 @@ micro-batches and a fit vouches for the smaller ones. A configuration is runnabl
 that r keeps it under capacity (uniform in log r), so micro-batches near the predicted limit stay candidates
 and the limit moves when an experiment OOMs or fits where it was said not to.
 
-Choice: the first experiment is the best corrected prediction that more likely fits than not; afterwards the
-largest expected improvement over the measured best (Jones, Schonlau & Welch 1998, on the log of the metric) times
-the probability of fitting, among configurations whose optimistic bound still beats the best. Stopping rule
+Each observation has its own noise (noise_std): NOISE_STD for an experiment's window median, the standard error of
+its median step for the profiling run, whose few short steps spread; the part of an error that noise explains
+widens no prior. An OOM beyond the memory prior's edge moves the whole band up (the model is off) rather than
+stopping at the edge.
+
+Choice: the first experiment is the one of the largest p(fit) x corrected predicted metric per second of
+experiment among those that more likely fit than not; afterwards the largest expected improvement over the
+measured best (Jones, Schonlau & Welch 1998, on the log of the metric) times the probability of fitting, per
+second of experiment (Snoek, Larochelle & Adams 2012, sec. 3.2: start-up plus the timed steps, Candidates.cost_s;
+equal costs when none are given), among configurations whose optimistic bound still beats the best. Stopping rule
 (as before): no configuration not yet run has an optimistic bound beating the measured best (by more
 than MIN_GAIN_REL).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -140,7 +146,7 @@ class Candidates:
 
     def with_cost(self, startup_s: float, steps: int) -> "Candidates":
         """These candidates with cost_s = startup_s + steps x the predicted step."""
-        return dataclasses.replace(self, cost_s=startup_s + steps * self.step_s)
+        return replace(self, cost_s=startup_s + steps * self.step_s)
 
 
 @dataclass(frozen=True)

@@ -321,6 +321,11 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
         run = launcher(_launch_spec(settings, ds_config, run_dir, args, rule))
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
+    if run.status == "failed" and run.returncode == 0 and run.reason == "no metrics written":
+        run = replace(run, reason=f"the script ended before DeepSpeed's engine reached autotuning.end_profile_step "
+                                  f"{at.end_profile_step}, where it writes its metrics: let the script run at least "
+                                  f"{at.end_profile_step + 1} optimizer steps (more steps or data), or lower "
+                                  f"end_profile_step")
     result = _result(name, cfg, prediction, run, job, at)
     write_json_atomic(run_dir / "exp.json", {**exp, "result": result_dict(result)})
     return result
