@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from zerotune.predictor.rank import Uncertainty
-from zerotune.validate.search import (BAND_Z, Candidates, Choice, Observation, choose, fit_probability, memory_bounds,
-                             posterior, run_search)
+from zerotune.validate.search import (BAND_Z, Candidates, Choice, Observation, choose, fit_probability,
+                                      memory_bounds, posterior, run_search)
 
 U = Uncertainty(step_time_rel=0.3, memory_rel=0.1)
 FAMILIES = ((0, "none", "none", False, 1, 1), (0, "none", "none", True, 1, 1), (3, "cpu", "cpu", True, 1, 1))
@@ -157,3 +157,16 @@ def test_expected_improvement_is_weighed_against_the_experiments_wall_time() -> 
     assert int(costly.micro_batch[first.index]) == 4
     equal = replace(plain, cost_s=np.full(6, 50.0))
     assert choose(equal, [], U, np.zeros(6, dtype=bool)).index == choose(plain, [], U, np.zeros(6, dtype=bool)).index
+
+
+def test_a_second_zero_stage_is_run_before_stopping_when_within_the_stage_error() -> None:
+    """Stage 3 predicted 1.6x slower (outside its band, inside STAGE_ERROR) and really the fastest: the search
+    runs it second because every experiment so far was of stage 0; predicted 10x slower it is never run (the test
+    above)."""
+    cands = _cands(step_s=[1.0, 1.8, 1.2, 2.2, 1.6, 3.0])
+    measured = [1.0, 1.8, 1.2, 2.2, 0.8, 1.5]
+    ran, _ = run_search(cands, U, 8, lambda c: _observe(cands, c.index, measured[c.index]))
+    indices = [o.index for o in ran]
+    assert indices[0] == 1 and indices[1] in (4, 5)  # the most throughput first (8 / 1.8 per second), then stage 3
+    after_one = choose(cands, [_observe(cands, 1, 1.8)], U, np.array([False, True] + [False] * 4), min_gain_rel=0.6)
+    assert after_one.index in (4, 5)  # even where no band beats the best by 60%
