@@ -253,12 +253,17 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_LLAMA_LINEAGE = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text")
+"""Rotary, RMSNorm, gated-MLP families; Gemma's gate runs under a GELU (hidden_activation gelu_pytorch_tanh,
+transformers models/gemma2/modeling_gemma2.py Gemma2MLP: gate_proj, up_proj, down_proj), so its config's
+activation does not say it is gated."""
+
+
 def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Architecture traits that config.json implies through model_type rather than states."""
-    if model_type not in ("llama", "mistral", "qwen2", "gemma", "gpt_neo", "bert", "roberta", "distilbert",
-                          "deberta-v2"):
+    if model_type not in (*_LLAMA_LINEAGE, "gpt_neo", "bert", "roberta", "distilbert", "deberta-v2"):
         return _hf_traits(cfg)
-    if model_type in ("llama", "mistral", "qwen2", "gemma"):
+    if model_type in _LLAMA_LINEAGE:
         return dict(position_embedding="rotary", gated_mlp=True, norm="rmsnorm",
                     qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
                     out_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
