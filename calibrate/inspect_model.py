@@ -135,7 +135,8 @@ def _block_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
 def _attention_and_mlp(linears: list[tuple[str, int, int, bool]], h: int, head_dim: int,
                        notes: dict[str, list[str]]) -> dict[str, Any]:
     """Attention projections and MLP from the block's linear shapes."""
-    down = [l for l in linears if l[2] == h and l[1] != h]
+    # the MLP's down map is the widest map into h (heads wider than h / heads make the attention output one too)
+    down = sorted((l for l in linears if l[2] == h and l[1] != h), key=lambda l: -l[1])
     ffn = down[0][1] if down else 0
     up = [l for l in linears if l[1] == h and l[2] == ffn]
     if not up:

@@ -32,7 +32,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
         scores = a * FP32_BYTES  # the fp32 log-sum-exp of each query row, per head
     else:
         scores = a * s * (d + (mask + d if model.dropout else 0))
-    attention = (h + 2 * kv + h) * d + scores
+    attention = (model.q_dim + 2 * kv + model.q_dim) * d + scores
     mlp = (4 * f if model.gated_mlp else 2 * f) * d
     per_token = replicated + (attention + mlp) / tp
     return float(per_token * s * micro_batch * model.activation_scale)

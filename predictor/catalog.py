@@ -104,11 +104,13 @@ MODEL_LIMITS: dict[str, int] = {
     "num_layers": 4096, "hidden_size": 2**20, "num_heads": 2**14, "num_kv_heads": 2**14, "ffn_hidden_size": 2**22,
     "vocab_size": 2**24, "max_position_embeddings": 2**30, "type_vocab_size": 2**16,
     "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
+    "attention_head_dim": 2**16,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
 arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
-_MODEL_MIN_ZERO = {"type_vocab_size", "relative_position_buckets", "conv_kernel_size", "published_num_params"}
+_MODEL_MIN_ZERO = {"type_vocab_size", "relative_position_buckets", "conv_kernel_size", "published_num_params",
+                   "attention_head_dim"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -209,6 +211,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         num_kv_heads=get("num_kv_heads", heads), ffn_hidden_size=get("ffn_hidden_size", 4 * hidden),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        attention_head_dim=_stated_head_dim(cfg, hidden, heads, path),
         activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
         source=source,
     )
@@ -216,6 +219,15 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _stated_head_dim(cfg: dict[str, Any], hidden: int, heads: int, path: Path | str) -> int:
+    """config.json's head_dim where it differs from hidden / heads (Qwen3-0.6B: 128 against 1024 / 16), else 0."""
+    value = cfg.get("head_dim")
+    if value is None:
+        return 0
+    dim = _model_integers(path, {"attention_head_dim": value})["attention_head_dim"]
+    return 0 if hidden % heads == 0 and dim == hidden // heads else dim
 
 
 def _hf_layers(cfg: dict[str, Any], get: _NamedIntegers) -> int:
@@ -253,7 +265,7 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_LLAMA_LINEAGE = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text")
+_LLAMA_LINEAGE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
 """Rotary, RMSNorm, gated-MLP families; Gemma's gate runs under a GELU (hidden_activation gelu_pytorch_tanh,
 transformers models/gemma2/modeling_gemma2.py Gemma2MLP: gate_proj, up_proj, down_proj), so its config's
 activation does not say it is gated."""

@@ -18,11 +18,11 @@ BACKWARD_PER_FORWARD = 2.0
 
 
 def layer_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
+    h, f, kv, q = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.q_dim
     tokens = micro_batch * seq_len
-    qkv = 2 * tokens * h * (h + 2 * kv)
-    attention = 4 * tokens * seq_len * h
-    out = 2 * tokens * h * h
+    qkv = 2 * tokens * h * (q + 2 * kv)
+    attention = 4 * tokens * seq_len * q
+    out = 2 * tokens * q * h
     mlp = 2 * tokens * h * f * (3 if model.gated_mlp else 2)
     return float(qkv + attention + out + mlp)
 

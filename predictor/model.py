@@ -78,6 +78,10 @@ class ModelSpec:
     """DeBERTa-v2 relative position embeddings: 2 * buckets rows of width hidden, plus their norm."""
     conv_kernel_size: int = 0
     """DeBERTa-v2 convolution beside the first block (kernel * hidden * hidden weights)."""
+    attention_head_dim: int = 0
+    """Width of one attention head when the config states its own (Qwen3, Gemma 2/3: head_dim 128 with hidden 1024 and
+    16 heads); 0: hidden_size / num_heads. Q and the attention output are num_heads x this wide, K and V num_kv_heads
+    x this (transformers models/qwen3/modeling_qwen3.py Qwen3Attention: q_proj hidden -> heads * head_dim)."""
     activation_scale: float = 1.0
     """Bytes a block keeps for backward, measured over zerotune.predictor.activations' formula: 1 for the implementations
     the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
@@ -92,7 +96,10 @@ class ModelSpec:
                 raise ValueError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
         if not self.activation_scale > 0:
             raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
-        if self.hidden_size % self.num_heads:
+        if self.attention_head_dim < 0:
+            raise ValueError(f"model {self.name!r}: attention_head_dim must be 0 (hidden_size / num_heads) or "
+                             f"positive, got {self.attention_head_dim}")
+        if not self.attention_head_dim and self.hidden_size % self.num_heads:
             raise ValueError(f"model {self.name!r}: hidden_size {self.hidden_size} is not a multiple of "
                              f"num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
@@ -101,7 +108,12 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries and of the attention output's input: hidden_size unless attention_head_dim says."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -127,13 +139,13 @@ class ModelSpec:
 
     def layer_tensors(self, layer: int) -> list[Tensor]:
         """Parameters of one transformer block: attention, MLP and two norms."""
-        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_dim
+        h, f, kv, q = self.hidden_size, self.ffn_hidden_size, self.kv_dim, self.q_dim
         p = f"layers.{layer}"
         t = self._norm(f"{p}.norm1", layer)
-        t += self._linear(f"{p}.attn.q", h, h, self.qkv_bias, layer)
+        t += self._linear(f"{p}.attn.q", h, q, self.qkv_bias, layer)
         t += self._linear(f"{p}.attn.k", h, kv, self.qkv_bias, layer)
         t += self._linear(f"{p}.attn.v", h, kv, self.qkv_bias, layer)
-        t += self._linear(f"{p}.attn.out", h, h, self.out_bias, layer)
+        t += self._linear(f"{p}.attn.out", q, h, self.out_bias, layer)
         t += self._norm(f"{p}.norm2", layer)
         if self.gated_mlp:
             t += self._linear(f"{p}.mlp.gate", h, f, self.mlp_bias, layer)

@@ -205,10 +205,10 @@ def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: 
 
 def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:
     """One transformer block on one tensor-parallel rank."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_dim
+    h, f, kv, q = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.q_dim
     tokens = b * s
     ups = 2 if model.gated_mlp else 1
-    parts = [_linear(tokens, h, (h + 2 * kv) / tp, rates), _linear(tokens, h / tp, h, rates),
+    parts = [_linear(tokens, h, (q + 2 * kv) / tp, rates), _linear(tokens, q / tp, h, rates),
              _linear(tokens, h, ups * f / tp, rates), _linear(tokens, f / tp, h, rates),
              _attention(model, b, s, tp, rates)]
     mem_f, mem_b, kernels_f, kernels_b = _block_memory_ops(model, b, s, tp, rates)

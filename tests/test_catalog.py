@@ -266,6 +266,25 @@ def test_hf_config_of_gemma_2_is_a_gated_mlp_under_its_gelu(tmp_path: Path) -> N
     assert (spec.gated_mlp, spec.norm, spec.position_embedding, spec.num_kv_heads) == (True, "rmsnorm", "rotary", 2)
 
 
+def test_hf_config_head_dim_sets_the_query_and_output_widths(tmp_path: Path) -> None:
+    # Qwen3-0.6B (huggingface.co/Qwen/Qwen3-0.6B config.json): hidden 1024, 16 heads of head_dim 128, 8 key/value
+    # heads; transformers models/qwen3/modeling_qwen3.py Qwen3Attention: q_proj 1024 -> 16 x 128, k/v_proj
+    # 1024 -> 8 x 128, o_proj 16 x 128 -> 1024, no biases; RMSNorm; tied embeddings. Counted from those shapes the
+    # model holds 596,042,752 parameters plus 28 x 2 x 128 of its q/k norms (not modelled); as hidden / heads it
+    # came out 508,307,456 (15% under).
+    qwen3 = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
+             "max_position_embeddings": 40960, "hidden_act": "silu", "tie_word_embeddings": True,
+             "rope_theta": 1000000, "attention_bias": False}
+    spec = load_model(str(_write_config(tmp_path, "qwen3-0.6b", qwen3)))
+    layer = {t.name.split(".", 2)[2]: t.num_elems for t in spec.layer_tensors(0)}
+    assert (layer["attn.q.weight"], layer["attn.k.weight"], layer["attn.out.weight"]) == (
+        1024 * 2048, 1024 * 1024, 2048 * 1024)
+    assert spec.num_params + 28 * 2 * 128 == pytest.approx(596_049_920, abs=1)
+    same = dict(qwen3, head_dim=64)  # equal to hidden / heads: nothing to state
+    assert load_model(str(_write_config(tmp_path, "qwen3-64", same))).attention_head_dim == 0
+
+
 @pytest.mark.parametrize("name", list_hardware())
 def test_comm_compute_overlap_is_a_bool_with_a_source_where_stated(name: str) -> None:
     # Devices with streams overlap (the default); the CPU accelerator has none (accelerator/cpu_accelerator.py:42,

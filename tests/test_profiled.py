@@ -152,6 +152,9 @@ _HF_FAMILIES = {  # small configs of families outside the catalog, as a Trainer 
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
                                                       num_key_value_heads=2, intermediate_size=688, head_dim=64)),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=256, n_layer=3, n_head=4)),
+    "qwen3_wide_heads": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=256, num_hidden_layers=3,
+                                                                 num_attention_heads=4, num_key_value_heads=2,
+                                                                 intermediate_size=688, head_dim=128)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
                                                         num_key_value_heads=2, intermediate_size=688, head_dim=64)),
     "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
@@ -168,7 +171,8 @@ def test_hugging_face_families_outside_the_catalog_are_read_to_their_parameter_c
     table; Qwen3's SiLU MLP is gated. Read as GPT-2-shaped, GPT-NeoX came out 11% and Qwen3 166% over the module's
     count (a 40960-row position table). Gemma 2's MLP is gated under a GELU (gelu_pytorch_tanh), which its
     config states only by family: from the config alone it came out 15% under (2026-11-25); the block's linears
-    show the gate."""
+    show the gate. Qwen3-0.6B's heads are 128 wide against hidden 1024 / 16 heads: q_proj maps 1024 -> 2048; read as
+    hidden / heads, a small one came out 15% under."""
     transformers = pytest.importorskip("transformers")
     config_cls, model_cls, kwargs = _HF_FAMILIES[family]
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(vocab_size=5000, **kwargs))

@@ -103,11 +103,12 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
             head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
             read.append(f"head from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
             spec = spec.replace(**head)
-            if "gated_mlp" in structure and bool(structure["gated_mlp"]) != spec.gated_mlp:
+            if structure.get("gated_mlp") and not spec.gated_mlp and structure.get("ffn_hidden_size") == spec.ffn_hidden_size:
                 # a config states gating only through its activation's name (SiLU, "gated-gelu"); the block's
-                # linears show it whatever the activation (Gemma 2's GeGLU: gelu_pytorch_tanh, two h -> f maps)
-                read.append(f"gated MLP {bool(structure['gated_mlp'])} from the block's linears")
-                spec = spec.replace(gated_mlp=bool(structure["gated_mlp"]))
+                # linears show it whatever the activation (Gemma 2's GeGLU: gelu_pytorch_tanh, two h -> f maps of
+                # the config's MLP width)
+                read.append("gated MLP from the block's linears (two h -> f maps)")
+                spec = spec.replace(gated_mlp=True)
         return spec
     if not structure:
         raise LookupError(model_doc.get("error") or "no structure recorded")
