@@ -61,10 +61,10 @@ class Block(nn.Module):
         h, f, kv = spec.hidden_size, spec.ffn_hidden_size, spec.kv_dim
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.norm1, self.norm2 = _norm(spec), _norm(spec)
-        self.q = nn.Linear(h, h, bias=spec.qkv_bias)
+        self.q = nn.Linear(h, spec.q_dim, bias=spec.qkv_bias)
         self.k = nn.Linear(h, kv, bias=spec.qkv_bias)
         self.v = nn.Linear(h, kv, bias=spec.qkv_bias)
-        self.out = nn.Linear(h, h, bias=spec.out_bias)
+        self.out = nn.Linear(spec.q_dim, h, bias=spec.out_bias)
         self.gate = nn.Linear(h, f, bias=spec.mlp_bias) if spec.gated_mlp else None
         self.up = nn.Linear(h, f, bias=spec.mlp_bias)
         self.down = nn.Linear(f, h, bias=spec.mlp_bias)

@@ -35,6 +35,17 @@ def test_llama_style_spec_has_the_same_tensors() -> None:
     assert sizes == sorted(t.num_elems for t in spec.tensors())  # tensor by tensor, as ZeRO-3 partitions them
 
 
+def test_heads_wider_than_hidden_over_heads_have_the_same_tensors_and_run() -> None:
+    # Qwen3-0.6B's shape in small: 4 heads of 128 over hidden 256 (attention_head_dim), 2 K/V heads
+    spec = load_model(str(FIXTURES / "tiny-llama.yaml")).replace(hidden_size=256, num_heads=4, num_kv_heads=2,
+                                                                  attention_head_dim=128)
+    model = workload.build_model(spec)
+    assert sorted(p.numel() for p in model.parameters()) == sorted(t.num_elems for t in spec.tensors())
+    loss = model(torch.randint(0, spec.vocab_size, (2, 17)))
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
 def test_llama_2_7b_block_matches_the_spec() -> None:
     spec = load_model("llama-2-7b").replace(num_layers=1)  # one block of the real width, still ~0.46 B params
     block = workload.Block(spec)
