@@ -217,7 +217,9 @@ def _ds_config(row: _Row, world_size: int) -> DSConfig:
     if row.boolean("activation_checkpointing"):
         doc["activation_checkpointing"] = {}
     try:
-        return parse_ds_config(doc, world_size=world_size)
+        # a table row says nothing of the optimizer's implementation: the fused Adam DeepSpeed builds from an
+        # optimizer section (DSConfig's default), not the script's own a ds_config without one implies
+        return parse_ds_config(doc, world_size=world_size).replace(optimizer_impl="fused")
     except ValueError as exc:
         raise ValueError(f"{row.where}: {exc}") from None
 

@@ -99,23 +99,28 @@ def to_record(m: Measurement) -> dict[str, Any]:
     """A JSON-ready dict; the configuration as the ds_config DeepSpeed ran."""
     record = {name: getattr(m, name) for name in _FIELDS if name != "config"}
     record["ds_config"] = to_ds_config(m.config, m.world_size)
+    record["optimizer_impl"] = m.config.optimizer_impl  # the ds_config alone cannot say it (DSConfig.optimizer_impl)
     return record
 
 
 def from_record(record: Any, where: str = "measurement") -> Measurement:
     if not isinstance(record, dict):
         raise ValueError(f"{where}: a measurement must be a JSON object, got {type(record).__name__}")
-    known = set(_FIELDS) - {"config"} | {"ds_config"}
+    known = set(_FIELDS) - {"config"} | {"ds_config", "optimizer_impl"}
     for key in record:
         if key not in known:
             raise ValueError(f"{where}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
     for key in ("model", "hardware", "num_nodes", "num_gpus_per_node", "seq_len", "ds_config", "status"):
         if key not in record:
             raise ValueError(f"{where}: missing key {key!r}")
-    values = {k: v for k, v in record.items() if k != "ds_config"}
+    values = {k: v for k, v in record.items() if k not in ("ds_config", "optimizer_impl")}
     world = int(record["num_nodes"]) * int(record["num_gpus_per_node"])
+    impl = record.get("optimizer_impl")
+    if impl not in (None, "fused", "torch"):
+        raise ValueError(f"{where}: optimizer_impl {impl!r} is not fused or torch; fix the value")
     try:
-        return Measurement(config=parse_ds_config(record["ds_config"], world_size=world), **values)
+        config = parse_ds_config(record["ds_config"], world_size=world)
+        return Measurement(config=config.replace(optimizer_impl=impl) if impl else config, **values)
     except TypeError as exc:
         raise ValueError(f"{where}: {exc}") from None
 

@@ -24,6 +24,7 @@ __all__ = ["DSConfig", "ZeroConfig", "OffloadConfig", "ActivationCheckpointing",
 
 ZeroStage = Literal[0, 1, 2, 3]
 OffloadDevice = Literal["none", "cpu", "nvme"]
+OptimizerImpl = Literal["fused", "torch"]
 AUTO = "auto"
 
 # Sections DeepSpeed validates with pydantic models that forbid unknown keys: their keys, aliases included.
@@ -233,6 +234,14 @@ class DSConfig:
     optimizer: str = "adamw"
     optimizer_momentum: float = 0.0
     """SGD momentum: SGD keeps a momentum buffer only when it is non-zero."""
+    optimizer_impl: OptimizerImpl = "fused"
+    """How the Adam update runs on the device: 'fused', one kernel reading and writing each state once
+    (DeepSpeed's FusedAdam, what an Adam/AdamW optimizer section builds: runtime/engine.py
+    get_optimizer_configuration; torch's AdamW(fused=True), the Hugging Face Trainer's default adamw_torch_fused
+    with torch >= 2.8), or 'torch', torch's unfused AdamW (for-each or per-tensor, torch/optim/adam.py
+    _multi_tensor_adam / _single_tensor_adam: one pass over the tensors per elementwise op), which a section with
+    "torch_adam": true builds and a script's own torch.optim.AdamW(model.parameters()) is. A ds_config without an
+    optimizer section means the script's optimizer: 'torch' until tune's profiling run reads which it is."""
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     activation_checkpointing: ActivationCheckpointing = field(default_factory=ActivationCheckpointing)
     mp_size: int = 1
@@ -428,6 +437,14 @@ def _precision(doc: dict[str, Any]) -> Precision:
     return "fp16" if fp16_on else "bf16" if bf16_on else "fp32"  # `amp` is refused (_refuse_removed)
 
 
+def _optimizer_impl(doc: dict[str, Any]) -> OptimizerImpl:
+    opt = doc.get("optimizer")
+    if not isinstance(opt, dict):
+        return "torch"  # the script's own optimizer, most often torch.optim.AdamW as written (unfused)
+    params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    return "torch" if params.get("torch_adam") is True else "fused"
+
+
 def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
     opt = doc.get("optimizer")
     if opt is None:
@@ -537,7 +554,7 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
     return DSConfig(
         train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=_precision(doc),
         grad_accum_dtype=_grad_accum_dtype(doc), optimizer=optimizer, optimizer_momentum=momentum,
-        zero=_zero(doc, hidden_size),
+        optimizer_impl=_optimizer_impl(doc), zero=_zero(doc, hidden_size),
         activation_checkpointing=ActivationCheckpointing(
             enabled=ckpt is not None,
             partition_activations=_bool(ckpt_sec, "activation_checkpointing", "partition_activations", False),

@@ -29,7 +29,8 @@ from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
-from zerotune.predictor.zero_mechanics import grad_reduction, runtime_overhead_s, wrapper_bytes_per_param, zero3_trace
+from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, grad_reduction, runtime_overhead_s, wrapper_bytes_per_param,
+                                              zero3_trace)
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
@@ -370,7 +371,7 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
         offload = gas * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
     if z.offload_optimizer.device == "none":
         # Adam's own traffic plus the wrapper's casts, flattening, norm, unscale and copy back (zero_mechanics)
-        traffic = eff.optimizer_bytes_per_param + wrapper_bytes_per_param(cfg)
+        traffic = eff.optimizer_bytes_per_param * adam_traffic_ratio(cfg) + wrapper_bytes_per_param(cfg)
         return partition * traffic / hw.memory_bandwidth_bytes_per_s, offload
     # ZeRO-Offload: gradients down and updated 16-bit parameters up over PCIe, Adam on the node's CPU
     # shared by its GPUs (Ren et al. 2021, sec. 4).

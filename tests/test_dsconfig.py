@@ -112,3 +112,13 @@ def test_round_trip_keeps_the_users_other_keys() -> None:
     assert out["train_batch_size"] == 12 and out["zero_optimization"]["reduce_bucket_size"] == 200_000_000
     again = to_ds_config(parse_ds_config(out, world_size=4), world_size=4)
     assert again == out
+
+
+def test_the_adam_implementation_follows_what_deepspeed_builds() -> None:
+    # runtime/engine.py get_optimizer_configuration: an Adam/AdamW section builds FusedAdam unless "torch_adam" asks
+    # for torch's; with no section the engine steps the script's own optimizer, most often torch.optim.AdamW as
+    # written (unfused) until tune's profiling run reads which it is.
+    base = {"train_micro_batch_size_per_gpu": 1}
+    assert parse_ds_config({**base, "optimizer": {"type": "AdamW"}}).optimizer_impl == "fused"
+    assert parse_ds_config({**base, "optimizer": {"type": "Adam", "params": {"torch_adam": True}}}).optimizer_impl == "torch"
+    assert parse_ds_config(base).optimizer_impl == "torch"

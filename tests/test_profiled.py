@@ -256,3 +256,18 @@ def test_a_head_tied_through_a_matmul_on_the_embedding_is_read(form: str) -> Non
     model(torch.randint(0, 97, (2, 5))).sum().backward()
     model(torch.randint(0, 97, (2, 5)))
     assert state["embedding_projections"] == 1 and not torch._C._is_torch_function_mode_enabled()
+
+
+@pytest.mark.parametrize("optimizer, impl", [
+    ({"class": "torch.optim.adamw.AdamW", "fused": None, "foreach": None}, "torch"),  # AdamW(model.parameters())
+    ({"class": "torch.optim.adamw.AdamW", "fused": True, "foreach": None}, "fused"),  # Trainer's adamw_torch_fused
+    ({"class": "deepspeed.ops.adam.fused_adam.FusedAdam", "fused": None, "foreach": None}, "fused"),
+    ({"class": "bitsandbytes.optim.adamw.AdamW8bit", "fused": None, "foreach": None}, None),
+], ids=["torch-adamw", "torch-adamw-fused", "deepspeed-fused-adam", "other"])
+def test_the_optimizer_the_engine_steps_is_read(tmp_path: Path, optimizer: dict, impl: str | None) -> None:
+    model = _script("encoder_mlm").MaskedLM()
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 128], "dtype": "int64"}], optimizer=optimizer)
+    run = read_profiled(prefix, "encoder", 2)
+    assert run.optimizer_impl == impl
+    assert any(line.startswith("optimizer ") for line in (run.read if impl else run.assumed))

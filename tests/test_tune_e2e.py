@@ -209,6 +209,9 @@ def test_deepspeed_examples_style_script_is_read_and_measured(tmp_path: Path) ->
     assert (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size) == (4, 384, 6, 8192)
     assert profiled.seq_len == 128 and profiled.measurement is not None
     assert profiled.measurement.config.train_micro_batch_size_per_gpu == 1  # the space's smallest
+    # the script steps its own torch.optim.AdamW(model.parameters()): unfused, and the run says so
+    assert profiled.optimizer_impl == "torch" and profiled.measurement.config.optimizer_impl == "torch"
+    assert "# read: optimizer AdamW (unfused" in Path(profiled.model_path).read_text()
 
 
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:

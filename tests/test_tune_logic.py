@@ -8,6 +8,7 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -420,3 +421,14 @@ def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:
     assert load_profile_for("cpu", Path(NO_PROFILE), said.append) == (Efficiency(), Uncertainty())
     assert "uncalibrated" in said[-1]
     assert load_profile_for("cpu")[1] != Uncertainty()  # without it the shipped calibration is used
+
+
+def test_the_scripts_own_optimizer_is_costed_only_where_the_ds_config_builds_none() -> None:
+    from zerotune.predictor.space import space_from_ds_config
+    from zerotune.validate.tune import _with_script_optimizer
+    bare = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [0, 1]}}
+    built = {**bare, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}
+    for doc, expected in ((bare, "fused"), (built, "torch")):  # the profiling run read a fused AdamW
+        settings = SimpleNamespace(optimizer_impl="fused", doc=doc)
+        space = _with_script_optimizer(settings, space_from_ds_config(doc, world_size=2))  # type: ignore[arg-type]
+        assert {v.optimizer_impl for v in space.variants} == {expected}

@@ -26,6 +26,7 @@ import yaml
 from zerotune.predictor.activations import layer_activation_bytes
 from zerotune.predictor.catalog import model_from_hf_dict
 from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.dsconfig import OptimizerImpl
 
 __all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "step_rel_error", "model_yaml"]
 
@@ -55,6 +56,9 @@ class ProfiledRun:
     """Wall seconds per optimizer step on rank 0, the first (warm-up) included."""
     peak_memory_bytes: float | None
     """The largest rank's peak (CPU: peak resident set size; accelerators: max_memory_allocated)."""
+    optimizer_impl: OptimizerImpl | None = None
+    """How the optimizer the engine stepped runs its update (DSConfig.optimizer_impl); None when not an Adam the
+    model knows (e.g. an 8-bit or Lion optimizer) or not recorded."""
 
 
 def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
@@ -167,10 +171,29 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     if recompute:
         read.append("activation checkpointing: on (the first block runs again in backward)")
     peaks = [float(d["peak_memory_bytes"]) for d in ranks if d.get("peak_memory_bytes")]
+    impl = _optimizer_impl(rank0.get("optimizer"), read, assumed)
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
                        int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
-                       max(peaks) if peaks else None)
+                       max(peaks) if peaks else None, impl)
+
+
+def _optimizer_impl(doc: Any, read: list[str], assumed: list[str]) -> OptimizerImpl | None:
+    """'fused' for DeepSpeed's FusedAdam or a torch Adam(W) built with fused=True, 'torch' for torch's unfused
+    Adam(W) (for-each or per-tensor), None for anything else."""
+    if not isinstance(doc, dict) or not doc.get("class"):
+        return None
+    name = str(doc["class"])
+    short = name.rsplit(".", 1)[-1]
+    if name.startswith("torch.optim.") and short in ("Adam", "AdamW"):
+        impl: OptimizerImpl = "fused" if doc.get("fused") else "torch"
+    elif short == "FusedAdam":
+        impl = "fused"
+    else:
+        assumed.append(f"optimizer {name}: its update is costed as a fused Adam's")
+        return None
+    read.append(f"optimizer {short} ({'fused' if impl == 'fused' else 'unfused: one pass over the tensors per op'})")
+    return impl
 
 
 def median_step_s(run: ProfiledRun) -> float | None:

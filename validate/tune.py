@@ -39,7 +39,7 @@ from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.calibrate.profiles import find_profile, load_profile
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
-from zerotune.predictor.dsconfig import AutotuningConfig
+from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from zerotune.predictor.units import GIB
@@ -104,6 +104,9 @@ class TuneSettings:
     run_after: bool = False
     launch_flags: LauncherOptions = field(default_factory=lambda: LauncherOptions())
     """DeepSpeed launcher flags passed through as the user gave them."""
+    optimizer_impl: OptimizerImpl | None = None
+    """How the script's own optimizer runs its update, as the profiling run read it; it stands for a ds_config
+    without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
 
 
 @dataclass(frozen=True)
@@ -430,8 +433,9 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     check_arg_mappings(settings.doc, settings.command.args, at.arg_mappings)
     job = build_job(settings.model, settings.hardware, settings.num_nodes, settings.num_gpus, settings.seq_len)
     check_parallelism(job, settings.doc)
-    space = space_from_ds_config(settings.doc, world_size=world, hidden_size=job.model.hidden_size,
-                                 explore=_explorable(settings))
+    space = _with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
+                                                                  hidden_size=job.model.hidden_size,
+                                                                  explore=_explorable(settings)))
     model = _Model(*_load_profile(settings, log))
     if initial:
         for line in _first_predictions(job, model, initial, at.metric):
@@ -576,6 +580,13 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
                         _launcher_options(args))
 
 
+def _with_script_optimizer(settings: TuneSettings, space: SearchSpace) -> SearchSpace:
+    """Every variant costed with the script's own optimizer when the ds_config builds none."""
+    if settings.optimizer_impl is None or "optimizer" in settings.doc:
+        return space
+    return replace(space, variants=tuple(v.replace(optimizer_impl=settings.optimizer_impl) for v in space.variants))
+
+
 @dataclass(frozen=True)
 class ProfileOutcome:
     """The profiling run: the model YAML it wrote, the sequence length it saw, and its measurement."""
@@ -584,6 +595,8 @@ class ProfileOutcome:
     seq_len: int | None
     measurement: Measurement | None
     """Its step time and peak memory, for the tuner's correction (None when it measured nothing)."""
+    optimizer_impl: OptimizerImpl | None = None
+    """The script's optimizer as the run read it (ProfiledRun.optimizer_impl)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -629,6 +642,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
     seq_len = settings.seq_len or profiled.seq_len
+    cfg = _with_script_optimizer(replace(settings, optimizer_impl=profiled.optimizer_impl),
+                                 replace(space, variants=(cfg,))).variants[0]
     if seq_len is None:
         raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
                          f" give --seq_len")
@@ -639,7 +654,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    return ProfileOutcome(str(path), seq_len, measurement)
+    return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl)
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -650,7 +665,8 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         initial: tuple[Measurement, ...] = ()
         if not settings.model:
             profiled = profile_model(settings, launcher)
-            settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len)
+            settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len,
+                               optimizer_impl=profiled.optimizer_impl)
             initial = (profiled.measurement,) if profiled.measurement else ()
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:

@@ -8,7 +8,8 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   pre-hook), forward calls of the first block per micro-step (2 when activation checkpointing recomputes it in
   backward), the bytes the first block keeps for backward in its first forward (saved-tensor hooks), calls to
   scaled_dot_product_attention and their dropout, wall seconds per optimizer step and the peak memory so far
-  (CPU: peak resident set size, getrusage; accelerators: max_memory_allocated).
+  (CPU: peak resident set size, getrusage; accelerators: max_memory_allocated), and the optimizer the engine
+  steps (its class and its fused / foreach settings).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
 """
@@ -190,12 +191,24 @@ def _wrap_step(engine: Any, state: dict[str, Any], path: str) -> None:
     engine.step = timed
 
 
+def _optimizer(engine: Any) -> dict[str, Any]:
+    """The torch optimizer under DeepSpeed's wrappers: the script's own or the one the optimizer section built."""
+    opt = getattr(engine, "basic_optimizer", None) or getattr(engine, "client_optimizer", None)
+    if opt is None:
+        return {}
+    defaults = getattr(opt, "defaults", None) or {}
+    kind = type(opt)
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", "fused": defaults.get("fused"),
+            "foreach": defaults.get("foreach")}
+
+
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "forward_calls": 0, "block_calls": 0, "sdpa_calls": 0,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "step_s": [],
                              "step_start": 0.0, "peak_memory_bytes": None,
-                             "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1))}
+                             "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1)),
+                             "optimizer": _optimizer(engine)}
     inspect = _inspect_module()
     blocks = inspect.find_blocks(engine.module)
     if rank == 0:
