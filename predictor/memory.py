@@ -31,8 +31,8 @@ __all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "memory_columns",
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = 4
 
-TERMS = ("parameters", "gradients", "optimizer_states", "master_gradients", "activations", "logits",
-         "heap_retained", "comm_buckets", "zero3_gathered", "runtime_reserved", "allocator_slack")
+TERMS = ("parameters", "gradients", "optimizer_states", "master_gradients", "optimizer_temporaries", "activations",
+         "logits", "heap_retained", "comm_buckets", "zero3_gathered", "runtime_reserved", "allocator_slack")
 PHASES = ("forward_backward", "gradient_reduction", "optimizer_step")
 
 
@@ -243,9 +243,21 @@ def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], Model
                              "comm_buckets": float(_buckets_beyond_logits(logits, during_bwd, cfg)),
                              "zero3_gathered": gathered},
         "gradient_reduction": {**base, "comm_buckets": after_bwd},
-        "optimizer_step": {**base, "master_gradients": states.master_gradients},
+        "optimizer_step": {**base, "master_gradients": states.master_gradients,
+                           "optimizer_temporaries": _foreach_adam_bytes(job, cfg)},
     }
     return phases, states
+
+
+def _foreach_adam_bytes(job: Job, cfg: DSConfig) -> float:
+    """torch's unfused AdamW on an accelerator runs for-each (torch/optim/optimizer.py _default_to_fused_or_foreach)
+    and _multi_tensor_adam's exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) is a new fp32 copy of every second
+    moment it updates, alive until the step's addcdiv (torch/optim/adam.py); on the CPU it runs per tensor and the
+    temporary is one tensor's. DeepSpeed's FusedAdam and torch's fused AdamW allocate none."""
+    if cfg.optimizer_impl != "torch" or job.cluster.hardware.kind == "cpu" or cfg.zero.offload_optimizer.device != "none":
+        return 0.0
+    shard = cfg.dp_size(job.cluster.world_size) if cfg.zero.stage >= 1 else 1
+    return FP32_BYTES * job.model.num_params / cfg.model_parallel_size / shard
 
 
 def _reserved_bytes(job: Job, eff: Efficiency) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerotune.predictor import DSConfig, ZeroConfig, estimate_memory
+from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory
 from zerotune.predictor.catalog import load_hardware
 from zerotune.predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
 from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
@@ -162,3 +162,18 @@ def test_heap_retention_is_a_cpu_rank_term_only() -> None:
     assert gpu.breakdown_bytes["heap_retained"] == 0.0
     assert cpu.peak_phase == "forward_backward"
     assert cpu.breakdown_bytes["heap_retained"] == pytest.approx(fraction * cpu.breakdown_bytes["activations"])
+
+
+def test_unfused_adam_on_an_accelerator_holds_a_copy_of_its_second_moments_at_the_step() -> None:
+    # torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), 4 bytes per
+    # parameter the rank updates (its ZeRO-1 partition here); none for a fused Adam or on the CPU (per tensor).
+    job = make_job("gpt2", "a100-80gb", 1, 8, 1024)
+    cfg = DSConfig(precision="bf16", optimizer_impl="torch").replace_zero(stage=1)
+    est = estimate_memory(job, cfg)
+    expected = 4 * job.model.num_params / 8
+    assert est.phase_totals_bytes["optimizer_step"] - estimate_memory(job, cfg.replace(optimizer_impl="fused")
+                                                                      ).phase_totals_bytes["optimizer_step"] \
+        == pytest.approx(expected * (1 + Efficiency().allocator_slack_fraction), rel=1e-9)
+    cpu = make_job("gpt2", "cpu", 1, 2, 128)
+    assert estimate_memory(cpu, cfg.replace(precision="fp32")).phase_totals_bytes == \
+        estimate_memory(cpu, cfg.replace(precision="fp32", optimizer_impl="fused")).phase_totals_bytes
