@@ -254,7 +254,8 @@ def _foreach_adam_bytes(job: Job, cfg: DSConfig) -> float:
     and _multi_tensor_adam's exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs) is a new fp32 copy of every second
     moment it updates, alive until the step's addcdiv (torch/optim/adam.py); on the CPU it runs per tensor and the
     temporary is one tensor's. DeepSpeed's FusedAdam and torch's fused AdamW allocate none."""
-    if cfg.optimizer_impl != "torch" or job.cluster.hardware.kind == "cpu" or cfg.zero.offload_optimizer.device != "none":
+    offloaded = cfg.zero.offload_optimizer.device != "none"  # the host's CPU Adam steps it
+    if cfg.optimizer_impl != "torch" or job.cluster.hardware.kind == "cpu" or offloaded:
         return 0.0
     shard = cfg.dp_size(job.cluster.world_size) if cfg.zero.stage >= 1 else 1
     return FP32_BYTES * job.model.num_params / cfg.model_parallel_size / shard

@@ -29,8 +29,8 @@ from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
-from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, grad_reduction, runtime_overhead_s, wrapper_bytes_per_param,
-                                              zero3_trace)
+from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, grad_reduction, runtime_overhead_s,
+                                              wrapper_bytes_per_param, zero3_trace)
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",

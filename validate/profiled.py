@@ -25,8 +25,8 @@ import yaml
 
 from zerotune.predictor.activations import layer_activation_bytes
 from zerotune.predictor.catalog import model_from_hf_dict
-from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.dsconfig import OptimizerImpl
+from zerotune.predictor.model import ModelSpec
 
 __all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "step_rel_error", "model_yaml"]
 
@@ -107,7 +107,8 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
             head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
             read.append(f"head from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
             spec = spec.replace(**head)
-            if structure.get("gated_mlp") and not spec.gated_mlp and structure.get("ffn_hidden_size") == spec.ffn_hidden_size:
+            same_width = structure.get("ffn_hidden_size") == spec.ffn_hidden_size
+            if structure.get("gated_mlp") and not spec.gated_mlp and same_width:
                 # a config states gating only through its activation's name (SiLU, "gated-gelu"); the block's
                 # linears show it whatever the activation (Gemma 2's GeGLU: gelu_pytorch_tanh, two h -> f maps of
                 # the config's MLP width)

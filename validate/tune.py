@@ -580,11 +580,15 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
                         _launcher_options(args))
 
 
+def _script_optimizer(doc: dict[str, Any], impl: OptimizerImpl | None, cfg: DSConfig) -> DSConfig:
+    """`cfg` costed with the script's own optimizer (as the profiling run read it) when the ds_config builds none."""
+    return cfg if impl is None or "optimizer" in doc else cfg.replace(optimizer_impl=impl)
+
+
 def _with_script_optimizer(settings: TuneSettings, space: SearchSpace) -> SearchSpace:
-    """Every variant costed with the script's own optimizer when the ds_config builds none."""
-    if settings.optimizer_impl is None or "optimizer" in settings.doc:
-        return space
-    return replace(space, variants=tuple(v.replace(optimizer_impl=settings.optimizer_impl) for v in space.variants))
+    """Every variant of the space costed with the script's own optimizer (_script_optimizer)."""
+    return replace(space, variants=tuple(_script_optimizer(settings.doc, settings.optimizer_impl, v)
+                                         for v in space.variants))
 
 
 @dataclass(frozen=True)
@@ -642,8 +646,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
     seq_len = settings.seq_len or profiled.seq_len
-    cfg = _with_script_optimizer(replace(settings, optimizer_impl=profiled.optimizer_impl),
-                                 replace(space, variants=(cfg,))).variants[0]
+    cfg = _script_optimizer(settings.doc, profiled.optimizer_impl, cfg)
     if seq_len is None:
         raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
                          f" give --seq_len")
