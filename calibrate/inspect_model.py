@@ -6,7 +6,8 @@ tuner side never imports torch. A Hugging Face model's `config` is used directly
 zerotune.predictor.catalog reads from a config.json); otherwise the structure is read from the modules:
 
 - the token embedding is the nn.Embedding with the most rows (vocabulary x hidden); positions and token types
-  are the other embeddings of the same width, told apart by name;
+  are the other embeddings of the same width, told apart by name; a model with none (a ViT's patches, audio
+  frames) has vocabulary 0 and the width of its blocks;
 - the repeated block is the nn.ModuleList of identical modules holding the most parameters; its length is the
   depth;
 - inside one block, nn.Linear shapes give the attention projections (h -> h, fused h -> 3h, or h -> kv for
@@ -81,11 +82,12 @@ def _plain(value: Any) -> bool:
         return False
 
 
-def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding, dict[str, nn.Embedding]]:
+def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding | None, dict[str, nn.Embedding]]:
+    """(token embedding or None when the inputs are not tokens, {'positions' | 'token_types': embedding})."""
     inside = {id(m) for m in blocks.modules()}
     embs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding) and id(m) not in inside]
     if not embs:
-        raise LookupError("no nn.Embedding outside the repeated blocks (no token embedding found)")
+        return None, {}
     name, tokens = max(embs, key=lambda e: e[1].num_embeddings)
     others: dict[str, nn.Embedding] = {}
     for n, m in embs:
@@ -94,6 +96,19 @@ def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding, dict
         kind = "token_types" if any(w in n.lower() for w in ("type", "segment")) else "positions"
         others.setdefault(kind, m)
     return tokens, others
+
+
+def _block_width(block: nn.Module) -> int:
+    """The hidden size of a block whose model has no token embedding: nn.MultiheadAttention's embed_dim, else the
+    width of the block's norms (they normalise the residual stream)."""
+    for mod in block.modules():
+        if isinstance(mod, nn.MultiheadAttention):
+            return int(mod.embed_dim)
+    widths = [int(m.weight.shape[-1]) for m in block.modules()
+              if _is_norm(m) and m is not block and getattr(m, "weight", None) is not None and m.weight.dim() == 1]
+    if not widths:
+        raise LookupError("no token embedding and no norm or nn.MultiheadAttention in the block to read its width")
+    return max(set(widths), key=widths.count)
 
 
 def _heads(block: nn.Module, hidden: int, notes: dict[str, list[str]]) -> tuple[int, int | None]:
@@ -178,9 +193,12 @@ def _outside_norms(model: nn.Module, blocks: nn.Module) -> tuple[bool, bool]:
     return emb, final
 
 
-def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str, Any]:
+def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding | None) -> dict[str, Any]:
     """head ('lm' | 'pooler' | 'none'), tied, and for an LM head its bias and an h x h transform before it (BERT's
-    masked-LM head: dense + norm, transformers BertPredictionHeadTransform)."""
+    masked-LM head: dense + norm, transformers BertPredictionHeadTransform). Without a token embedding there is no
+    vocabulary to project onto: a classifier's head (h -> classes) is one row per sample, left out."""
+    if tokens is None:
+        return {"head": "none", "tied_embeddings": False}
     inside = {id(m) for m in blocks.modules()}
     h, vocab = tokens.embedding_dim, tokens.num_embeddings
     outside = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
@@ -193,7 +211,7 @@ def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str
     return {"head": "pooler" if square else "none", "tied_embeddings": False}
 
 
-def _params_by_kind(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding) -> dict[str, int]:
+def _params_by_kind(model: nn.Module, blocks: nn.Module) -> dict[str, int]:
     inside = {id(p) for p in blocks.parameters()}
     emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     kinds = {"blocks": 0, "embeddings": 0, "other": 0}
@@ -209,9 +227,16 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
         raise LookupError("no repeated block (an nn.ModuleList of identical modules with linear layers)")
     name, blocks = found
     tokens, others = _embeddings(model, blocks)
-    h = tokens.embedding_dim
     notes["read"].append(f"{len(blocks)} x {type(blocks[0]).__name__} at {name or 'the model'}")
-    notes["read"].append(f"token embedding {tokens.num_embeddings} x {h}")
+    if tokens is not None:
+        h = tokens.embedding_dim
+        notes["read"].append(f"token embedding {tokens.num_embeddings} x {h}")
+    else:
+        h = _block_width(blocks[0])
+        notes["read"].append(f"no token embedding: the inputs enter as vectors of width {h} (the block's width); "
+                             "vocabulary 0, no vocabulary head")
+        notes["assumed"].append("the script's own input projection (patches, frames) and its classifier head are "
+                                "left out of time and memory (one GEMM each, small next to the blocks)")
     heads, kv_heads = _heads(blocks[0], h, notes)
     mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes)
     kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // (h // heads))
@@ -219,8 +244,8 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     head = _head(model, blocks, tokens)
     emb_norm, final_norm = _outside_norms(model, blocks)
     doc: dict[str, Any] = {"num_layers": len(blocks), "hidden_size": h, "num_heads": heads, "num_kv_heads": kv_heads,
-                           "vocab_size": tokens.num_embeddings, **mlp, "norm": _norm_kind(blocks[0]),
-                           **head, "embedding_norm": emb_norm, "final_norm": final_norm,
+                           "vocab_size": tokens.num_embeddings if tokens is not None else 0, **mlp,
+                           "norm": _norm_kind(blocks[0]), **head, "embedding_norm": emb_norm, "final_norm": final_norm,
                            "dropout": any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks[0].modules())}
     if "positions" in others:
         doc.update(position_embedding="learned", max_position_embeddings=others["positions"].num_embeddings)
@@ -251,8 +276,7 @@ def describe(model: nn.Module) -> dict[str, Any]:
         out["error"] = str(exc)
     found = find_blocks(model)
     if found is not None and out["structure"] is not None:
-        tokens, _ = _embeddings(model, found[1])
-        out["params_by_kind"] = _params_by_kind(model, found[1], tokens)
+        out["params_by_kind"] = _params_by_kind(model, found[1])
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
                gradient_checkpointing=_checkpointing(model))

@@ -41,6 +41,8 @@ class ModelSpec:
     ffn_hidden_size: int
     """Inner size of the MLP (4 * hidden for GPT-2/BERT; the gate/up width for gated MLPs)."""
     vocab_size: int
+    """Rows of the token embedding; 0 for a model whose inputs arrive as vectors through the script's own projection
+    (a ViT's patches, audio frames): no token table and no vocabulary head."""
     max_position_embeddings: int
     position_embedding: PositionEmbedding = "learned"
     tied_embeddings: bool = True
@@ -91,9 +93,12 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
+        for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if self.vocab_size < 0 or (self.vocab_size == 0 and self.head == "lm"):
+            raise ValueError(f"model {self.name!r}: vocab_size must be positive for a vocabulary head (head: lm), or 0 "
+                             f"with head: none or pooler for inputs that are not tokens, got {self.vocab_size}")
         if not self.activation_scale > 0:
             raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
         if self.attention_head_dim < 0:
@@ -155,7 +160,7 @@ class ModelSpec:
 
     def embedding_tensors(self) -> list[Tensor]:
         h = self.hidden_size
-        t = [Tensor("embed.tokens", self.vocab_size * h, -1)]
+        t = [Tensor("embed.tokens", self.vocab_size * h, -1)] if self.vocab_size else []
         if self.position_embedding == "learned":
             t.append(Tensor("embed.positions", self.max_position_embeddings * h, -1))
         if self.type_vocab_size:

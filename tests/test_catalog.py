@@ -335,3 +335,12 @@ def test_only_a_host_allocator_retains_freed_activations(name: str) -> None:
     assert (hw.heap_retained_activation_fraction > 0) is (hw.kind == "cpu"), name
     if "heap_retained_activation_fraction" in doc:
         assert "measured" in doc["heap_retained_source"].lower()
+
+
+def test_a_model_without_tokens_has_no_vocabulary_head() -> None:
+    # vocab_size 0 describes inputs that arrive as vectors (a ViT's patches); a vocabulary head needs a vocabulary
+    from zerotune.predictor.model import ModelSpec
+    spec = ModelSpec("v", 2, 64, 4, 4, 256, 0, 16, position_embedding="none", head="none", tied_embeddings=False)
+    assert spec.num_params == 2 * (4 * 64 * 64 + 4 * 64 + 2 * 64 * 256 + 256 + 64 + 4 * 64) + 2 * 64
+    with pytest.raises(ValueError, match="vocab_size must be positive for a vocabulary head"):
+        ModelSpec("v", 2, 64, 4, 4, 256, 0, 16, head="lm")

@@ -271,3 +271,53 @@ def test_the_optimizer_the_engine_steps_is_read(tmp_path: Path, optimizer: dict,
     run = read_profiled(prefix, "encoder", 2)
     assert run.optimizer_impl == impl
     assert any(line.startswith("optimizer ") for line in (run.read if impl else run.assumed))
+
+
+def test_a_vision_transformer_without_a_token_embedding_is_read_from_its_blocks(tmp_path: Path) -> None:
+    # The fixture's constants: patches into width 256, 6 blocks of 8 heads and MLP 1024, 65 positions (64 patches
+    # and the class token). No nn.Embedding: vocabulary 0, no vocabulary head; the sequence comes from the first
+    # block's input (batch first here), the micro-batch from the images' first dimension.
+    model = _script("vit_classifier").ViT()
+    s = describe(model)["structure"]
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["ffn_hidden_size"]) == (6, 256, 8, 1024)
+    assert (s["vocab_size"], s["head"]) == (0, "none")
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [4, 3, 64, 64], "dtype": "float32"}],
+                   block_input=[{"name": "", "shape": [4, 65, 256], "dtype": "float32"}])
+    run = read_profiled(prefix, "vit", 2)
+    assert (run.micro_batch, run.seq_len) == (4, 65)
+    path = tmp_path / "model_profiled.yaml"
+    path.write_text(model_yaml(run, "test"))
+    spec = load_model(str(path))
+    # what is left out: the patch projection (3 x 8 x 8 x 256 + 256), the class token and positions (66 x 256)
+    # and the classifier (256 x 100 + 100): 92,516 of 4,831,076 parameters
+    assert spec.num_params + 3 * 8 * 8 * 256 + 256 + 66 * 256 + 256 * 100 + 100 == sum(p.numel() for p in model.parameters())
+
+
+def test_a_sequence_first_block_input_gives_batch_and_sequence_the_right_way_round(tmp_path: Path) -> None:
+    model = _script("vit_classifier").ViT()
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [4, 3, 64, 64], "dtype": "float32"}],
+                   block_input=[{"name": "", "shape": [65, 4, 256], "dtype": "float32"}])
+    run = read_profiled(prefix, "vit", 2)
+    assert (run.micro_batch, run.seq_len) == (4, 65)
+
+
+def test_a_hugging_face_vision_model_is_read_from_its_modules(tmp_path: Path) -> None:
+    # ViTConfig has no vocab_size: the modules say what the model is (4 blocks of width 192, 3 heads, MLP 768)
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=192, num_hidden_layers=4, num_attention_heads=3,
+                                    intermediate_size=768, image_size=64, patch_size=8, num_labels=10)
+    model = transformers.ViTForImageClassification(config)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "pixel_values", "shape": [2, 3, 64, 64], "dtype": "float32"}],
+                   block_input=[{"name": "", "shape": [2, 65, 192], "dtype": "float32"}])
+    run = read_profiled(prefix, "vit", 2)
+    spec = run.model
+    assert (spec.num_layers, spec.hidden_size, spec.num_heads, spec.ffn_hidden_size, spec.vocab_size) == \
+        (4, 192, 3, 768, 0)
+    assert (run.micro_batch, run.seq_len) == (2, 65) and "without a vocabulary" in run.read[0]
+    # left out: the patch projection (3 x 8 x 8 x 192 + 192), the class token and positions (66 x 192), the
+    # classifier (192 x 10 + 10)
+    left_out = 3 * 8 * 8 * 192 + 192 + 66 * 192 + 192 * 10 + 10
+    assert spec.num_params + left_out == sum(p.numel() for p in model.parameters())

@@ -83,6 +83,19 @@ def _token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
     return None
 
 
+def _block_tokens(rank0: Mapping[str, Any], hidden: int) -> tuple[int, int] | None:
+    """(micro-batch, tokens) from the first block's input, (batch, sequence, hidden) or (sequence, batch, hidden):
+    for a model whose inputs are not token ids (a ViT's image, an audio clip). The batch is the dimension equal to
+    the model input's first; batch first when both are."""
+    shapes = rank0.get("block_input") or []
+    inputs = rank0.get("inputs") or []
+    if not shapes or len(shapes[0]["shape"]) != 3 or shapes[0]["shape"][2] != hidden:
+        return None
+    first, second = int(shapes[0]["shape"][0]), int(shapes[0]["shape"][1])
+    batch = int(inputs[0]["shape"][0]) if inputs and inputs[0]["shape"] else first
+    return (second, first) if second == batch and first != batch else (first, second)
+
+
 def _attention(rank0: Mapping[str, Any], read: list[str], assumed: list[str]) -> str:
     """'flash' when the model called scaled_dot_product_attention without dropout (or on an accelerator), where
     PyTorch picks a fused kernel that keeps no s x s scores; else 'eager'."""
@@ -100,7 +113,9 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
           assumed: list[str]) -> ModelSpec:
     hf = model_doc.get("hf_config")
     structure = model_doc.get("structure")
-    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")):
+    tokenless = bool(structure) and structure.get("vocab_size") == 0
+    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not (tokenless and not
+                                                                                     hf.get("vocab_size")):
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
         spec = model_from_hf_dict(hf, name, "")
         if structure and structure.get("hidden_size") == spec.hidden_size:  # the config names the family, the
@@ -117,6 +132,9 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
         return spec
     if not structure:
         raise LookupError(model_doc.get("error") or "no structure recorded")
+    if hf:
+        read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) without a vocabulary: the "
+                       "structure is read from the modules")
     doc = dict(structure)
     if "max_position_embeddings" not in doc:
         doc["max_position_embeddings"] = seq_len or 2048
@@ -159,6 +177,11 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     tokens = _token_input(rank0.get("inputs"))
     if tokens:
         read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
+    structure = model_doc.get("structure") or {}
+    if tokens is None and structure.get("vocab_size") == 0:
+        tokens = _block_tokens(rank0, int(structure.get("hidden_size") or 0))
+        if tokens:
+            read.append(f"input {tokens[0]} x {tokens[1]} vectors (micro-batch x sequence) at the first block")
     try:
         spec = _spec(model_doc, name, tokens[1] if tokens else None, read, assumed)
     except (LookupError, ValueError, TypeError) as exc:
