@@ -170,6 +170,7 @@ EFFICIENCY_RANGES: dict[str, tuple[float, float]] = {
     "fp32_compute_scale": (1e-6, 100.0), "fp16_compute_scale": (1e-6, 100.0),
     "bf16_compute_scale": (1e-6, 100.0), "intra_node_bandwidth_efficiency": (1e-6, 1.5),
     "inter_node_bandwidth_efficiency": (1e-6, 1.5), "overlap_efficiency": (0.0, 1.0),
+    "all_gather_bandwidth_ratio": (1e-3, 10.0), "reduce_scatter_bandwidth_ratio": (1e-3, 10.0),
     "optimizer_bytes_per_param": (1e-3, 1000.0), "host_optimizer_params_per_s": (1.0, 1e15),
     "intra_node_latency_s": (0.0, 1.0), "inter_node_latency_s": (0.0, 1.0), "runtime_reserved_bytes": (0.0, 1e14),
     "step_overhead_s": (0.0, 3600.0), "micro_step_overhead_s": (0.0, 3600.0), "grad_hook_s": (0.0, 1.0),

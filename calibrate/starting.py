@@ -49,6 +49,32 @@ def _ring_steps(op: str, num_ranks: int) -> int:
     return 2 * (num_ranks - 1) if op.replace("_", "").lower() == "allreduce" else num_ranks - 1
 
 
+LARGEST_SIZES = 2
+"""Message sizes (the largest measured) that set a link's per-operation bandwidths: data parallelism sends whole
+gradients and parameter partitions, tens of MB and more, and gloo's ratios between operations change below 16 MiB
+(all-gather 1.25x an all-reduce's bus bandwidth at 16 MiB, 0.33x at 64 and 256 MiB, data/profiles/cpu.json)."""
+
+
+def _op(row: dict[str, Any]) -> str:
+    return {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}.get(
+        str(row["op"]).replace("_", "").lower(), str(row["op"]))
+
+
+def _op_ratios(large: list[dict[str, Any]]) -> dict[str, float]:
+    """Each operation's bus bandwidth over the all-reduce's at the same message size (median over the sizes both
+    ran): Efficiency.all_gather_bandwidth_ratio and reduce_scatter_bandwidth_ratio. NCCL reads about 1 for both;
+    gloo's all-gather and reduce-scatter are slower than its all-reduce (zerotune.predictor.job)."""
+    by_size: dict[tuple[str, float], float] = {(_op(r), float(r["bytes"])): float(r["bus_bandwidth_bytes_per_s"])
+                                                for r in large}
+    out = {}
+    for op in ("all_gather", "reduce_scatter"):
+        ratios = [bw / by_size[("all_reduce", size)] for (kind, size), bw in by_size.items()
+                  if kind == op and by_size.get(("all_reduce", size))]
+        if ratios:
+            out[f"{op}_bandwidth_ratio"] = float(np.median(ratios))
+    return out
+
+
 def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float) -> dict[str, float]:
     """Bandwidth efficiency from the larger half of the messages (bus bandwidth / catalog link bandwidth);
     latency per ring step from the smallest messages once their bandwidth term is taken off."""
@@ -59,6 +85,15 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
     large = rows[len(rows) // 2:]
     bus = float(np.median([float(r["bus_bandwidth_bytes_per_s"]) for r in large]))
     out = {f"{link}_bandwidth_efficiency": _clip(f"{link}_bandwidth_efficiency", bus / catalog_bandwidth)}
+    largest = sorted({float(r["bytes"]) for r in large})[-LARGEST_SIZES:]
+    top = [r for r in large if float(r["bytes"]) in largest]
+    all_reduce = [float(r["bus_bandwidth_bytes_per_s"]) for r in top if _op(r) == "all_reduce"]
+    if all_reduce and any(_op(r) != "all_reduce" for r in top):
+        # per operation: the all-reduce sets the link, the others their ratio to it (gloo's differ 3-4x)
+        out[f"{link}_bandwidth_efficiency"] = _clip(f"{link}_bandwidth_efficiency",
+                                                    float(np.median(all_reduce)) / catalog_bandwidth)
+        if link == "intra_node":
+            out.update(_op_ratios(top))
     smallest = [r for r in rows if float(r["bytes"]) == float(rows[0]["bytes"])]
     latencies = []
     for r in smallest:

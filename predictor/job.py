@@ -55,6 +55,17 @@ class Efficiency:
     intra_node_bandwidth_efficiency: float = 0.75
     """Achieved bus bandwidth / link peak within a node (nccl-tests busbw on NVLink is ~75-80% of peak)."""
     inter_node_bandwidth_efficiency: float = 0.8
+    all_gather_bandwidth_ratio: float = 1.0
+    """An all-gather's bus bandwidth over an all-reduce's on the same link, at the large messages data parallelism
+    sends. 1 for NCCL, whose ring kernels move either at the same bus bandwidth (nccl-tests, doc/PERFORMANCE.md:
+    busbw is defined so that it is comparable across operations). gloo is another matter: its all-reduce is a
+    native ring while torch's all_gather_into_tensor and reduce_scatter_tensor on gloo are built from other
+    calls; this machine's microbenchmark (data/profiles/cpu.json, environment.microbenchmarks, 2 ranks) read
+    all-reduce 1.03 / 1.44 / 1.45 GB/s bus bandwidth at 16 / 64 / 256 MiB, all-gather 1.29 / 0.47 / 0.46 and
+    reduce-scatter 0.41 / 0.37 / 0.38. A calibration sets it from its microbenchmarks
+    (zerotune.calibrate.starting)."""
+    reduce_scatter_bandwidth_ratio: float = 1.0
+    """The same for a reduce-scatter."""
     tensor_parallel_half_bandwidth_bytes: float = 8e6
     """Message size at which a tensor-parallel all-reduce reaches half the intra-node bus bandwidth (Hockney's
     n_1/2): Megatron's activation all-reduces (micro-batch x seq x hidden, 4-64 MB) sit on NCCL's bandwidth

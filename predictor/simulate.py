@@ -81,7 +81,7 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
 
     def comm(kind: CollectiveKind, elems: float, num_calls: int = 1) -> float:
         size = elems * (p if kind == "all_gather" else g)
-        return collective_s(Collective(kind, size, num_calls, "backward", True), n_dp, bandwidth, latency)
+        return collective_s(Collective(kind, size, num_calls, "backward", True), n_dp, bandwidth, latency, eff)
 
     graph = nx.DiGraph()
     gather_prev = compute_prev = ""
@@ -133,7 +133,7 @@ def _in_line_micro_step(job: Job, cfg: DSConfig, eff: Efficiency, parts: StagePa
     and the closed form count the same communication; with one stream none of it hides."""
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff)
-    timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
+    timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg)]
     layer_fwd, layer_bwd = parts.block_forward_s, parts.block_backward_s + parts.block_recompute_s
     graph, prev = nx.DiGraph(), ""
     tasks = ([(f"{c.kind}_f{i}", t) for i, (c, t) in enumerate(timed) if c.phase == "forward"]

@@ -85,11 +85,17 @@ def intra_node_link(job: Job, eff: Efficiency) -> tuple[float, float]:
     return hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency, latency
 
 
-def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float) -> float:
+def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float, eff: Efficiency | None = None
+                 ) -> float:
+    """Ring time of a collective: its bus volume at the link's bandwidth (times the operation's bandwidth ratio
+    to an all-reduce, Efficiency.all_gather_bandwidth_ratio / reduce_scatter_bandwidth_ratio, when `eff` is
+    given), plus a latency per ring step per call."""
     if num_ranks == 1:
         return 0.0
     steps = 2 * (num_ranks - 1) if c.kind == "all_reduce" else num_ranks - 1
     volume = c.bytes_per_rank * steps / num_ranks
+    if eff is not None and c.kind != "all_reduce":
+        bandwidth *= eff.all_gather_bandwidth_ratio if c.kind == "all_gather" else eff.reduce_scatter_bandwidth_ratio
     return volume / bandwidth + c.num_buckets * steps * latency
 
 
@@ -272,7 +278,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
     bandwidth, latency = data_parallel_link(job, eff)
     hides = job.cluster.hardware.comm_compute_overlap
     overlap = cfg.zero.overlap_comm and hides
-    timed = [(c, collective_s(c, n_dp, bandwidth, latency)) for c in data_parallel_collectives(job, cfg)]
+    timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg)]
     in_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward"]
     if cfg.zero.stage < 3:
         last = _windowed(in_bwd, bwd, overlap, eff)
@@ -297,7 +303,7 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
     exposed, total = last + (gas - 1) * other, 0.0
     for c in data_parallel_collectives(job, cfg):
-        t = collective_s(c, n_dp, bandwidth, latency)
+        t = collective_s(c, n_dp, bandwidth, latency, eff)
         total += t * (gas if c.per_micro_step else 1)
         if c.phase in ("after_backward", "after_step"):
             exposed += t  # nothing left to hide behind

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ from zerotune.calibrate.starting import fit_microbenchmarks
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
 from zerotune.predictor.memory import estimate_memory
 from zerotune.predictor.ops import device_rates, gemm_s
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GIB = 2**30
 
@@ -274,3 +278,26 @@ def test_fit_microbenchmarks_maps_matmuls_collectives_and_memory_bandwidth() -> 
     assert eff.intra_node_latency_s == pytest.approx(12e-6, rel=1e-3)
     assert eff.optimizer_bytes_per_param == pytest.approx(30.0 / 0.75)
     assert eff.inter_node_bandwidth_efficiency == Efficiency().inter_node_bandwidth_efficiency  # nothing measured
+
+
+def test_gloo_collectives_set_each_operations_bandwidth_from_the_largest_messages() -> None:
+    # This machine's microbenchmark (data/profiles/cpu.json, 2 ranks over gloo) at 64 and 256 MiB: all-reduce
+    # 1.44 and 1.45 GB/s bus bandwidth, all-gather 0.47 and 0.46, reduce-scatter 0.37 and 0.38. The link is the
+    # all-reduce's (catalog 1.0 GB/s: efficiency ~1.45), the others are ratios to it (~0.32 and ~0.26).
+    doc = json.loads((ROOT / "data/profiles/cpu.json").read_text())
+    eff = fit_microbenchmarks(doc["environment"]["microbenchmarks"], load_hardware("cpu"), Efficiency())
+    assert eff.intra_node_bandwidth_efficiency == pytest.approx(1.45, rel=0.02)
+    assert eff.all_gather_bandwidth_ratio == pytest.approx(0.32, rel=0.05)
+    assert eff.reduce_scatter_bandwidth_ratio == pytest.approx(0.26, rel=0.05)
+
+
+def test_collectives_at_one_bus_bandwidth_leave_the_ratios_at_one() -> None:
+    # NCCL's rings move all three operations at about the same bus bandwidth (nccl-tests PERFORMANCE.md)
+    hw = load_hardware("a100-40gb")
+    bus = 0.7 * hw.intra_node_bandwidth_bytes_per_s
+    collectives = [{"op": op, "bytes": size, "num_ranks": 8, "link": "intra_node", "bus_bandwidth_bytes_per_s": bus,
+                    "seconds": size / bus} for op in ("all_reduce", "all_gather", "reduce_scatter")
+                   for size in (2**20, 2**26, 2**28)]
+    eff = fit_microbenchmarks({"collectives": collectives}, hw, Efficiency())
+    assert (eff.all_gather_bandwidth_ratio, eff.reduce_scatter_bandwidth_ratio) == (1.0, 1.0)
+    assert eff.intra_node_bandwidth_efficiency == pytest.approx(0.7)

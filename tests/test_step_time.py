@@ -295,3 +295,15 @@ def test_unfused_adam_moves_80_bytes_a_parameter_where_a_fused_one_moves_28() ->
     fused, unfused = (estimate_time(job, DSConfig(optimizer_impl=impl), Efficiency()).breakdown_s["optimizer_step"]
                       for impl in ("fused", "torch"))
     assert unfused / fused == pytest.approx(80 / 28, rel=1e-9)
+
+
+def test_an_operations_bandwidth_ratio_scales_only_its_own_volume() -> None:
+    from zerotune.predictor.step_time import Collective, collective_s
+    eff = Efficiency(all_gather_bandwidth_ratio=0.5, reduce_scatter_bandwidth_ratio=0.25)
+    bw, lat = 1e9, 0.0
+    gather, reduce_ = Collective("all_gather", 1e8, 1, "forward", True), Collective("all_reduce", 1e8, 1, "backward", True)
+    scatter = Collective("reduce_scatter", 1e8, 1, "backward", True)
+    # 2 ranks: an all-gather moves half its buffer, an all-reduce the whole (two ring steps of half)
+    assert collective_s(gather, 2, bw, lat, eff) == pytest.approx(2 * collective_s(gather, 2, bw, lat))
+    assert collective_s(scatter, 2, bw, lat, eff) == pytest.approx(4 * collective_s(scatter, 2, bw, lat))
+    assert collective_s(reduce_, 2, bw, lat, eff) == pytest.approx(collective_s(reduce_, 2, bw, lat)) == 0.1
