@@ -126,8 +126,13 @@ DECODER_JOB = BenchJob(
     arg_mappings={"train_micro_batch_size_per_gpu": "--batch_size"},
     shows="a user's Llama-style decoder script that takes its micro-batch as its own --batch_size "
           "(autotuning.arg_mappings)")
+VIT_JOB = BenchJob(
+    name="vit", model="vit_classifier (6 x 256, 65 patches, no vocabulary)", seq_len=65, stages=(0, 1, 2, 3),
+    max_micro_batch=64, script=str(USER_SCRIPTS / "vit_classifier.py"), script_flags=("--deepspeed",),
+    shows="a user's ViT image classifier in DeepSpeedExamples' CIFAR style: no token embedding, so zerotune reads "
+          "the width from its blocks and the sequence from the first block's input")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
-SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB)
+SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB)
 JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS)}
 
 

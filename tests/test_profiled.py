@@ -91,6 +91,8 @@ def test_hugging_face_config_is_used_directly(tmp_path: Path) -> None:
     _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}])
     run = read_profiled(prefix, "hf", 2)
     assert run.model.max_position_embeddings == 1024 and run.model.gated_mlp and "Hugging Face config" in run.read[0]
+    # the module reading assumed 64-wide heads and rotary positions; the config states both, so nothing says so
+    assert not any(a.startswith(("heads of", "no position table")) for a in run.assumed)
 
 
 def test_an_unreadable_model_says_so_in_one_line(tmp_path: Path) -> None:

@@ -117,6 +117,7 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
     if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not (tokenless and not
                                                                                      hf.get("vocab_size")):
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
+        assumed.clear()  # what the module reading had to assume (heads, positions), the config states
         spec = model_from_hf_dict(hf, name, "")
         if structure and structure.get("hidden_size") == spec.hidden_size:  # the config names the family, the
             head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
