@@ -177,7 +177,7 @@ def _activations(job: Job, cfg: DSConfig) -> tuple[float, float]:
     else:
         blocks = layers * one_layer
     acts = blocks + embedding_activation_bytes(m, b, s, d)
-    return acts, logits_bytes(m, b, s, d, tp) if m.head == "lm" or m.tied_embeddings else 0.0
+    return acts, logits_bytes(m, b, s, d, tp) if m.head == "lm" else 0.0  # a pooler or no head: no vocabulary logits
 
 
 def _stage3_gathered(job: Job, cfg: DSConfig) -> float:

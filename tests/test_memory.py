@@ -177,3 +177,13 @@ def test_unfused_adam_on_an_accelerator_holds_a_copy_of_its_second_moments_at_th
     cpu = make_job("gpt2", "cpu", 1, 2, 128)
     assert estimate_memory(cpu, cfg.replace(precision="fp32")).phase_totals_bytes == \
         estimate_memory(cpu, cfg.replace(precision="fp32", optimizer_impl="fused")).phase_totals_bytes
+
+
+def test_a_classification_head_holds_no_vocabulary_logits() -> None:
+    # DeepSpeed's autotuning of Hugging Face run_glue.py (BertForSequenceClassification: pooler and a 3-way
+    # classifier, no vocabulary projection, though the config ties the embeddings) ran bert-large fp32 at
+    # micro-batch 93 under ZeRO-0 on 16 V100-32GB (data/measurements/published/ds_autotuning_hf_v100.jsonl:16)
+    job = make_job("bert-large", "v100-32gb", 1, 16, seq_len=128)
+    assert job.model.head == "pooler" and job.model.tied_embeddings
+    mem = estimate_memory(job, DSConfig(precision="fp32", train_micro_batch_size_per_gpu=93))
+    assert mem.breakdown_bytes["logits"] == 0.0 and mem.fits
