@@ -131,8 +131,14 @@ VIT_JOB = BenchJob(
     max_micro_batch=64, script=str(USER_SCRIPTS / "vit_classifier.py"), script_flags=("--deepspeed",),
     shows="a user's ViT image classifier in DeepSpeedExamples' CIFAR style: no token embedding, so zerotune reads "
           "the width from its blocks and the sequence from the first block's input")
+HF_LOOP_JOB = BenchJob(
+    name="hfloop", model="hf_causal_lm_loop (Llama-style 6 x 512, vocabulary 12000)", seq_len=256,
+    stages=(0, 1, 2, 3), max_micro_batch=16, script=str(USER_SCRIPTS / "hf_causal_lm_loop.py"),
+    script_flags=("--deepspeed",),
+    shows="a Hugging Face model in a plain DeepSpeed loop (own DataLoader sized from the engine's micro-batch), "
+          "grouped K/V and an untied head; needs transformers")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
-SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB)
+SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB)
 JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS)}
 
 

@@ -208,7 +208,7 @@ def test_the_uncalibrated_job_tunes_without_a_profile_and_the_others_with_the_on
 def test_users_script_jobs_give_both_tuners_the_same_script_and_arguments(tmp_path: Path) -> None:
     # issue 14: zerotune's choice on a user's own script against DeepSpeed's autotuner's, same ds_config
     from benchmarks.tools import deepspeed_tune_command, zerotune_tune_command
-    for name in ("encoder", "decoder"):
+    for name in ("encoder", "decoder", "vit", "hfloop"):
         job = JOBS[name]
         zt, ds = zerotune_tune_command(job, tmp_path / "ds.json"), deepspeed_tune_command(job, tmp_path / "ds.json")
         assert Path(job.script).is_file() and zt[zt.index(job.script):] == ds[ds.index(job.script):]
