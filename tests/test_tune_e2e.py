@@ -214,6 +214,22 @@ def test_deepspeed_examples_style_script_is_read_and_measured(tmp_path: Path) ->
     assert "# read: optimizer AdamW (unfused" in Path(profiled.model_path).read_text()
 
 
+def test_a_vision_transformer_script_is_read_from_its_blocks(tmp_path: Path) -> None:
+    """A ViT (no nn.Embedding): the real profiling run reads the width from its blocks and the sequence (64
+    patches and the class token) from the first block's input, which the profiling hook records."""
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import profile_model
+    config = _script_config(tmp_path, [1, 2])
+    settings = _script_settings([str(SCRIPTS / "vit_classifier.py"), "--deepspeed", "--deepspeed_config",
+                                 str(config), "--steps", "50"])
+    profiled = profile_model(settings)
+    model = load_model(profiled.model_path)
+    # the script's constants (tests/fixtures/scripts/vit_classifier.py)
+    assert (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size, model.head) == \
+        (6, 256, 8, 0, "none")
+    assert profiled.seq_len == 65 and profiled.measurement is not None and profiled.measurement.step_s
+
+
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:
     """arg_mappings: each experiment's --batch_size is its micro-batch; the profiling run is a measurement."""
     from zerotune.validate.tune import run_tune
