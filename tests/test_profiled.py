@@ -323,3 +323,12 @@ def test_a_hugging_face_vision_model_is_read_from_its_modules(tmp_path: Path) ->
     # classifier (192 x 10 + 10)
     left_out = 3 * 8 * 8 * 192 + 192 + 66 * 192 + 192 * 10 + 10
     assert spec.num_params + left_out == sum(p.numel() for p in model.parameters())
+
+
+def test_a_language_model_fed_embeddings_takes_its_sequence_from_the_first_block(tmp_path: Path) -> None:
+    # the script computes the embeddings itself and calls the model with a float tensor: no token ids to read
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, _script("decoder_lm").Decoder(), [{"name": "", "shape": [3, 40, 256], "dtype": "float32"}],
+                   block_input=[{"name": "", "shape": [3, 40, 256], "dtype": "float32"}])
+    run = read_profiled(prefix, "d", 2)
+    assert (run.micro_batch, run.seq_len) == (3, 40)

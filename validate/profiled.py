@@ -85,7 +85,7 @@ def _token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
 
 def _block_tokens(rank0: Mapping[str, Any], hidden: int) -> tuple[int, int] | None:
     """(micro-batch, tokens) from the first block's input, (batch, sequence, hidden) or (sequence, batch, hidden):
-    for a model whose inputs are not token ids (a ViT's image, an audio clip). The batch is the dimension equal to
+    for a model whose forward gets no token ids (a ViT's image, an audio clip, embeddings computed outside). The batch is the dimension equal to
     the model input's first; batch first when both are."""
     shapes = rank0.get("block_input") or []
     inputs = rank0.get("inputs") or []
@@ -179,7 +179,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     if tokens:
         read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
     structure = model_doc.get("structure") or {}
-    if tokens is None and structure.get("vocab_size") == 0:
+    if tokens is None and structure:  # no token ids seen (a ViT's images, embeddings passed in): the first block's
         tokens = _block_tokens(rank0, int(structure.get("hidden_size") or 0))
         if tokens:
             read.append(f"input {tokens[0]} x {tokens[1]} vectors (micro-batch x sequence) at the first block")
