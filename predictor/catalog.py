@@ -109,8 +109,8 @@ MODEL_LIMITS: dict[str, int] = {
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
 arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
-_MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size", "published_num_params",
-                   "attention_head_dim"}
+_MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
+                   "published_num_params", "attention_head_dim"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:

@@ -301,7 +301,8 @@ def test_an_operations_bandwidth_ratio_scales_only_its_own_volume() -> None:
     from zerotune.predictor.step_time import Collective, collective_s
     eff = Efficiency(all_gather_bandwidth_ratio=0.5, reduce_scatter_bandwidth_ratio=0.25)
     bw, lat = 1e9, 0.0
-    gather, reduce_ = Collective("all_gather", 1e8, 1, "forward", True), Collective("all_reduce", 1e8, 1, "backward", True)
+    gather = Collective("all_gather", 1e8, 1, "forward", True)
+    reduce_ = Collective("all_reduce", 1e8, 1, "backward", True)
     scatter = Collective("reduce_scatter", 1e8, 1, "backward", True)
     # 2 ranks: an all-gather moves half its buffer, an all-reduce the whole (two ring steps of half)
     assert collective_s(gather, 2, bw, lat, eff) == pytest.approx(2 * collective_s(gather, 2, bw, lat))

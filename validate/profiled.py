@@ -85,8 +85,8 @@ def _token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
 
 def _block_tokens(rank0: Mapping[str, Any], hidden: int) -> tuple[int, int] | None:
     """(micro-batch, tokens) from the first block's input, (batch, sequence, hidden) or (sequence, batch, hidden):
-    for a model whose forward gets no token ids (a ViT's image, an audio clip, embeddings computed outside). The batch is the dimension equal to
-    the model input's first; batch first when both are."""
+    for a model whose forward gets no token ids (a ViT's image, an audio clip, embeddings computed outside). The
+    batch is the dimension equal to the model input's first; batch first when both are."""
     shapes = rank0.get("block_input") or []
     inputs = rank0.get("inputs") or []
     if not shapes or len(shapes[0]["shape"]) != 3 or shapes[0]["shape"][2] != hidden:
@@ -113,9 +113,9 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
           assumed: list[str]) -> ModelSpec:
     hf = model_doc.get("hf_config")
     structure = model_doc.get("structure")
-    tokenless = bool(structure) and structure.get("vocab_size") == 0
-    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not (tokenless and not
-                                                                                     hf.get("vocab_size")):
+    # a config without a vocabulary (ViTConfig) cannot describe a model the modules show has no token embedding
+    tokenless = bool(structure) and structure.get("vocab_size") == 0 and not (hf or {}).get("vocab_size")
+    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not tokenless:
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
         assumed.clear()  # what the module reading had to assume (heads, positions), the config states
         spec = model_from_hf_dict(hf, name, "")

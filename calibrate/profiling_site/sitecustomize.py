@@ -5,11 +5,11 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
 - rank 0 writes <out>.model.json: calibrate/inspect_model.py's reading of engine.module (loaded by file path, so
   no zerotune package name enters the user's process);
 - every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes and the
-  first block's input shape (forward pre-hooks), forward calls of the first block per micro-step (2 when activation checkpointing recomputes it in
-  backward), the bytes the first block keeps for backward in its first forward (saved-tensor hooks), calls to
-  scaled_dot_product_attention and their dropout, wall seconds per optimizer step and the peak memory so far
-  (CPU: peak resident set size, getrusage; accelerators: max_memory_allocated), and the optimizer the engine
-  steps (its class and its fused / foreach settings).
+  first block's input shape (forward pre-hooks), forward calls of the first block per micro-step (2 when
+  activation checkpointing recomputes it in backward), the bytes the first block keeps for backward in its first
+  forward (saved-tensor hooks), calls to scaled_dot_product_attention and their dropout, wall seconds per
+  optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
+  max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
 """
@@ -206,7 +206,8 @@ def _optimizer(engine: Any) -> dict[str, Any]:
 
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
-    state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0, "sdpa_calls": 0,
+    state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0,
+                             "sdpa_calls": 0,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "step_s": [],
                              "step_start": 0.0, "peak_memory_bytes": None,
                              "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1)),
