@@ -8,8 +8,8 @@ zerotune.predictor.catalog reads from a config.json); otherwise the structure is
 - the token embedding is the nn.Embedding with the most rows (vocabulary x hidden); positions and token types
   are the other embeddings of the same width, told apart by name; a model with none (a ViT's patches, audio
   frames) has vocabulary 0 and the width of its blocks;
-- the repeated block is the nn.ModuleList of identical modules holding the most parameters; its length is the
-  depth;
+- the repeated block is the nn.ModuleList (or nn.Sequential) of identical modules holding the most parameters;
+  its length is the depth;
 - inside one block, nn.Linear shapes give the attention projections (h -> h, fused h -> 3h, or h -> kv for
   grouped K/V), the MLP width (h -> f) and a gated MLP (two h -> f projections); nn.MultiheadAttention gives
   its heads, otherwise an attribute named like num_heads / n_head on the attention module does;
@@ -49,11 +49,16 @@ def _params(module: nn.Module) -> int:
     return sum(_numel(p) for p in module.parameters())
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """(name, list) of the repeated transformer block: the ModuleList of one class with the most parameters."""
-    best: tuple[int, str, nn.ModuleList] | None = None
+def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """(name, container) of the repeated transformer block: the nn.ModuleList of one class with the most
+    parameters, or an nn.Sequential of at least two modules of one class with linear layers inside them (timm's
+    VisionTransformer.blocks, many users' own models)."""
+    best: tuple[int, str, nn.Module] | None = None
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.ModuleList) or len(mod) < 1:
+        if isinstance(mod, nn.ModuleList):
+            if len(mod) < 1:
+                continue
+        elif not isinstance(mod, nn.Sequential) or len(mod) < 2 or not any(True for _ in mod[0].children()):
             continue
         if len({type(m) for m in mod}) != 1 or not any(isinstance(m, (nn.Linear, nn.MultiheadAttention))
                                                          for m in mod[0].modules()):
@@ -224,7 +229,8 @@ def _params_by_kind(model: nn.Module, blocks: nn.Module) -> dict[str, int]:
 def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     found = find_blocks(model)
     if found is None:
-        raise LookupError("no repeated block (an nn.ModuleList of identical modules with linear layers)")
+        raise LookupError("no repeated block (an nn.ModuleList or nn.Sequential of identical modules with linear "
+                          "layers)")
     name, blocks = found
     tokens, others = _embeddings(model, blocks)
     notes["read"].append(f"{len(blocks)} x {type(blocks[0]).__name__} at {name or 'the model'}")

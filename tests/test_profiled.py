@@ -333,3 +333,31 @@ def test_a_language_model_fed_embeddings_takes_its_sequence_from_the_first_block
                    block_input=[{"name": "", "shape": [3, 40, 256], "dtype": "float32"}])
     run = read_profiled(prefix, "d", 2)
     assert (run.micro_batch, run.seq_len) == (3, 40)
+
+
+class _TimmAttention(torch.nn.Module):  # timm's layout: one fused qkv Linear, num_heads as an attribute
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+
+class _TimmBlock(torch.nn.Module):
+    def __init__(self, dim: int, num_heads: int, hidden: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.attn = _TimmAttention(dim, num_heads)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, dim))
+
+
+def test_blocks_in_an_nn_sequential_are_read_as_timms_vision_transformer_keeps_them() -> None:
+    # timm's VisionTransformer: patch_embed (a Conv2d), cls_token and pos_embed parameters, then
+    # self.blocks = nn.Sequential(*[Block(...)]) - not a ModuleList; the MLP's own nn.Sequential (three
+    # modules of different classes) is not taken for the blocks
+    model = torch.nn.Module()
+    model.patch_embed = torch.nn.Conv2d(3, 192, 16, 16)
+    model.blocks = torch.nn.Sequential(*[_TimmBlock(192, 3, 768) for _ in range(5)])
+    model.norm, model.head = torch.nn.LayerNorm(192), torch.nn.Linear(192, 10)
+    s = describe(model)["structure"]
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["ffn_hidden_size"], s["vocab_size"]) == \
+        (5, 192, 3, 768, 0)
