@@ -77,9 +77,11 @@ def test_profiled_yaml_loads_and_counts_the_parameters(tmp_path: Path, script: s
 def test_checkpointing_and_fused_attention_are_read_from_the_first_step(tmp_path: Path) -> None:
     prefix = tmp_path / "profiled"
     inputs = [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}]
-    _write_profile(prefix, _script("decoder_lm").Decoder(), inputs, block_calls=6, sdpa_calls=36)
+    matmul = {"m": 2048, "n": 2048, "k": 2048, "dtype": "fp32", "flops_per_s": 1.5e11}
+    _write_profile(prefix, _script("decoder_lm").Decoder(), inputs, block_calls=6, sdpa_calls=36, matmul=matmul)
     run = read_profiled(prefix, "d", 2)
     assert run.activation_checkpointing and run.model.attention == "flash" and run.seq_len == 64
+    assert run.matmul == ("fp32", 2048, 1.5e11)
 
 
 def test_hugging_face_config_is_used_directly(tmp_path: Path) -> None:
@@ -287,7 +289,7 @@ def test_a_vision_transformer_without_a_token_embedding_is_read_from_its_blocks(
     _write_profile(prefix, model, [{"name": "", "shape": [4, 3, 64, 64], "dtype": "float32"}],
                    block_input=[{"name": "", "shape": [4, 65, 256], "dtype": "float32"}])
     run = read_profiled(prefix, "vit", 2)
-    assert (run.micro_batch, run.seq_len) == (4, 65)
+    assert (run.micro_batch, run.seq_len) == (4, 65) and run.matmul is None  # no speed check recorded
     path = tmp_path / "model_profiled.yaml"
     path.write_text(model_yaml(run, "test"))
     spec = load_model(str(path))

@@ -228,6 +228,9 @@ def test_a_vision_transformer_script_is_read_from_its_blocks(tmp_path: Path) -> 
     assert (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size, model.head) == \
         (6, 256, 8, 0, "none")
     assert profiled.seq_len == 65 and profiled.measurement is not None and profiled.measurement.step_s
+    # rank 0 timed the device's matmul pace before the first step (fp32 on this CPU: tens to hundreds of GFLOP/s)
+    assert profiled.device_matmul is not None and profiled.device_matmul[:2] == ("fp32", 2048)
+    assert 1e9 < profiled.device_matmul[2] < 1e13
 
 
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:

@@ -432,3 +432,24 @@ def test_the_scripts_own_optimizer_is_costed_only_where_the_ds_config_builds_non
         settings = SimpleNamespace(optimizer_impl="fused", doc=doc)
         space = _with_script_optimizer(settings, space_from_ds_config(doc, world_size=2))  # type: ignore[arg-type]
         assert {v.optimizer_impl for v in space.variants} == {expected}
+
+
+def test_the_devices_matmul_pace_today_rescales_the_calibrated_gemm_rate() -> None:
+    # The shipped CPU profile's microbenchmark timed a 2048^3 fp32 matmul at 95.5 GFLOP/s (2026-11-23); the same
+    # matmul in a profiling run at twice that makes the GEMMs twice as fast, and nothing else changes
+    from dataclasses import replace
+    from zerotune.validate.tune import MAX_PACE_RATIO, NO_PROFILE, _Model, _paced, load_profile_for
+    model = _Model(*load_profile_for("cpu"))
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "m", "cpu", 2)
+    lines: list[str] = []
+    paced = _paced(model, replace(settings, device_matmul=("fp32", 2048, 2 * 95.51e9)), lines.append)
+    ratio = paced.efficiency.gemm_efficiency_scale / model.efficiency.gemm_efficiency_scale
+    assert ratio == pytest.approx(2.0, rel=0.01) and "GFLOP/s" in lines[0]
+    assert replace(paced.efficiency, gemm_efficiency_scale=model.efficiency.gemm_efficiency_scale) == model.efficiency
+    far = _paced(model, replace(settings, device_matmul=("fp32", 2048, 1e15)), lines.append)
+    assert far.efficiency.gemm_efficiency_scale == pytest.approx(MAX_PACE_RATIO * model.efficiency.gemm_efficiency_scale)
+    # no timing, another shape, or no calibration to compare with: unchanged
+    assert _paced(model, settings, lines.append) == model
+    assert _paced(model, replace(settings, device_matmul=("fp32", 1000, 1e11)), lines.append) == model
+    none = replace(settings, device_matmul=("fp32", 2048, 1e11), profile=Path(NO_PROFILE))
+    assert _paced(model, none, lines.append) == model

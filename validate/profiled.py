@@ -59,6 +59,8 @@ class ProfiledRun:
     optimizer_impl: OptimizerImpl | None = None
     """How the optimizer the engine stepped runs its update (DSConfig.optimizer_impl); None when not an Adam the
     model knows (e.g. an 8-bit or Lion optimizer) or not recorded."""
+    matmul: tuple[str, int, float] | None = None
+    """(dtype, edge, FLOP/s) of the square matmul rank 0 timed before the first step; None when not timed."""
 
 
 def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
@@ -200,7 +202,13 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
                        int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
-                       max(peaks) if peaks else None, impl)
+                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")))
+
+
+def _matmul(doc: Any) -> tuple[str, int, float] | None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("flops_per_s"), (int, float)) or doc["flops_per_s"] <= 0:
+        return None
+    return str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"])
 
 
 def _optimizer_impl(doc: Any, read: list[str], assumed: list[str]) -> OptimizerImpl | None:

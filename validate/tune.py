@@ -107,6 +107,9 @@ class TuneSettings:
     optimizer_impl: OptimizerImpl | None = None
     """How the script's own optimizer runs its update, as the profiling run read it; it stands for a ds_config
     without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
+    device_matmul: tuple[str, int, float] | None = None
+    """(dtype, edge, FLOP/s) of the square matmul the profiling run timed on this device (ProfiledRun.matmul):
+    the device's pace today, against the calibration profile's microbenchmark of the same shape (_paced)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,43 @@ def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[st
         return Efficiency(), Uncertainty()
     log(f"zerotune tune: calibration profile {path}")
     return profile.efficiency, profile.uncertainty.bands()
+
+
+MAX_PACE_RATIO = 4.0
+"""A device timed more than this many times faster or slower than its calibration is not the calibrated one
+(another machine, a thermal fault): the rescaling stops here."""
+
+
+def _calibration_matmul_flops(hardware: str, given: Path | None, dtype: str, edge: int) -> float | None:
+    """The calibration profile's microbenchmark FLOP/s of an edge^3 matmul in dtype (the profile tune uses for
+    the hardware), or None without a profile or that measurement."""
+    if given is not None and str(given) == NO_PROFILE:
+        return None
+    path = given or find_profile(load_hardware(hardware).name)
+    if path is None or not Path(path).is_file():
+        return None
+    micro = load_profile(Path(path)).environment.get("microbenchmarks") or {}
+    rates = [float(r["flops_per_s"]) for r in micro.get("matmul") or [] if isinstance(r, dict)
+             and r.get("dtype") == dtype and (r.get("m"), r.get("n"), r.get("k")) == (edge, edge, edge)]
+    return max(rates) if rates else None
+
+
+def _paced(model: "_Model", settings: TuneSettings, log: Callable[[str], None]) -> "_Model":
+    """The model with its GEMM rate scaled by the device's matmul pace now over the calibration's: a calibration
+    holds for the machine as it ran that day, and a shared machine's pace moves (this CPU VM's single-thread fp32
+    matmul: 95 GFLOP/s in the shipped profile's microbenchmark on 2026-11-23, 153 on 2026-11-25). Only the GEMMs
+    are rescaled; the profiling run's own measurement corrects the rest."""
+    if settings.device_matmul is None:
+        return model
+    dtype, edge, now = settings.device_matmul
+    then = _calibration_matmul_flops(settings.hardware, settings.profile, dtype, edge)
+    if not then or not now > 0:
+        return model
+    ratio = min(max(now / then, 1.0 / MAX_PACE_RATIO), MAX_PACE_RATIO)
+    log(f"zerotune tune: a {edge}^3 {dtype} matmul ran at {now / 1e9:.4g} GFLOP/s in the profiling run against "
+        f"{then / 1e9:.4g} in the calibration: GEMMs predicted x{ratio:.3g} as fast")
+    eff = model.efficiency
+    return replace(model, efficiency=replace(eff, gemm_efficiency_scale=eff.gemm_efficiency_scale * ratio))
 
 
 # -- predictions and measurements ---------------------------------------------------------------------
@@ -436,7 +476,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = _with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
                                                                   hidden_size=job.model.hidden_size,
                                                                   explore=_explorable(settings)))
-    model = _Model(*_load_profile(settings, log))
+    model = _paced(_Model(*_load_profile(settings, log)), settings, log)
     if initial:
         for line in _first_predictions(job, model, initial, at.metric):
             log(line)
@@ -601,6 +641,8 @@ class ProfileOutcome:
     """Its step time and peak memory, for the tuner's correction (None when it measured nothing)."""
     optimizer_impl: OptimizerImpl | None = None
     """The script's optimizer as the run read it (ProfiledRun.optimizer_impl)."""
+    device_matmul: tuple[str, int, float] | None = None
+    """The device's matmul pace the run timed (TuneSettings.device_matmul)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -657,7 +699,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl)
+    return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul)
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -669,7 +711,7 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         if not settings.model:
             profiled = profile_model(settings, launcher)
             settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len,
-                               optimizer_impl=profiled.optimizer_impl)
+                               optimizer_impl=profiled.optimizer_impl, device_matmul=profiled.device_matmul)
             initial = (profiled.measurement,) if profiled.measurement else ()
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:

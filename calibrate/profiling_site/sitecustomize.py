@@ -9,7 +9,8 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   activation checkpointing recomputes it in backward), the bytes the first block keeps for backward in its first
   forward (saved-tensor hooks), calls to scaled_dot_product_attention and their dropout, wall seconds per
   optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
-  max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings).
+  max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings); rank 0
+  also times one matmul before the first step (the device's pace today, against the calibration's).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
 """
@@ -204,6 +205,35 @@ def _optimizer(engine: Any) -> dict[str, Any]:
             "foreach": defaults.get("foreach")}
 
 
+MATMUL_SIZE = 2048
+"""Edge of the square matmul timed before the first step: one of the shapes zerotune's microbenchmarks time
+(calibrate/microbench.py), so the rate compares with the calibration profile's."""
+
+
+def _matmul_rate(engine: Any) -> dict[str, Any]:
+    """This device's matmul FLOP/s now, in the engine's compute dtype (the calibration may be from a day the
+    machine ran at another pace: a shared CPU VM's single-thread fp32 rate read 95 and 153 GFLOP/s two days
+    apart). Rank 0 only, a fraction of a second; the other ranks wait in their first collective."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    bf16 = getattr(engine, "bfloat16_enabled", lambda: False)()
+    fp16 = getattr(engine, "fp16_enabled", lambda: False)()
+    dtype, name = (torch.bfloat16, "bf16") if bf16 else (torch.float16, "fp16") if fp16 else (torch.float32, "fp32")
+    n = MATMUL_SIZE
+    a = torch.randn(n, n, dtype=dtype, device=acc.device_name())
+    b = torch.randn(n, n, dtype=dtype, device=acc.device_name())
+    a @ b
+    acc.synchronize()
+    times = []
+    for _ in range(3 if acc.device_name() == "cpu" else 20):
+        start = time.perf_counter()
+        a @ b
+        acc.synchronize()
+        times.append(time.perf_counter() - start)
+    return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / min(times)}
+
+
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0,
@@ -219,6 +249,10 @@ def _attach(engine: Any) -> None:
             doc = inspect.describe(engine.module)
         except Exception as exc:  # noqa: BLE001 - an unreadable model is reported, the user's run goes on
             doc = {"structure": None, "error": f"{type(exc).__name__}: {exc}"}
+        try:
+            state["matmul"] = _matmul_rate(engine)
+        except Exception as exc:  # noqa: BLE001 - a failed speed check loses the check, never the user's run
+            state["matmul"] = {"error": f"{type(exc).__name__}: {exc}"}
         _write(f"{_OUT}.model.json", doc)
     from deepspeed.accelerator import get_accelerator
     state["peak_memory_kind"] = ("peak RSS of the rank's process (getrusage)" if get_accelerator().device_name() == "cpu"
