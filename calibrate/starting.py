@@ -49,7 +49,7 @@ def _ring_steps(op: str, num_ranks: int) -> int:
     return 2 * (num_ranks - 1) if op.replace("_", "").lower() == "allreduce" else num_ranks - 1
 
 
-LARGEST_SIZES = 2
+NUM_LARGEST_SIZES = 2
 """Message sizes (the largest measured) that set a link's per-operation bandwidths: data parallelism sends whole
 gradients and parameter partitions, tens of MB and more, and gloo's ratios between operations change below 16 MiB
 (all-gather 1.25x an all-reduce's bus bandwidth at 16 MiB, 0.33x at 64 and 256 MiB, data/profiles/cpu.json)."""
@@ -76,8 +76,9 @@ def _op_ratios(large: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float) -> dict[str, float]:
-    """Bandwidth efficiency from the larger half of the messages (bus bandwidth / catalog link bandwidth);
-    latency per ring step from the smallest messages once their bandwidth term is taken off."""
+    """Bandwidth efficiency from the larger half of the messages (bus bandwidth / catalog link bandwidth), or,
+    where the operations' bandwidths differ, from the all-reduce at the largest sizes with the others as ratios
+    to it (_op_ratios); latency per ring step from the smallest messages once their bandwidth term is taken off."""
     rows = sorted((r for r in collectives if r.get("link") == link and int(r.get("num_ranks", 1)) > 1),
                   key=lambda r: float(r["bytes"]))
     if not rows:
@@ -85,7 +86,7 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
     large = rows[len(rows) // 2:]
     bus = float(np.median([float(r["bus_bandwidth_bytes_per_s"]) for r in large]))
     out = {f"{link}_bandwidth_efficiency": _clip(f"{link}_bandwidth_efficiency", bus / catalog_bandwidth)}
-    largest = sorted({float(r["bytes"]) for r in large})[-LARGEST_SIZES:]
+    largest = sorted({float(r["bytes"]) for r in large})[-NUM_LARGEST_SIZES:]
     top = [r for r in large if float(r["bytes"]) in largest]
     all_reduce = [float(r["bus_bandwidth_bytes_per_s"]) for r in top if _op(r) == "all_reduce"]
     if all_reduce and any(_op(r) != "all_reduce" for r in top):

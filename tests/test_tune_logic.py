@@ -438,10 +438,10 @@ def test_the_devices_matmul_pace_today_rescales_the_calibrated_gemm_rate() -> No
     # The shipped CPU profile's microbenchmark timed a 2048^3 fp32 matmul at 95.5 GFLOP/s (2026-11-23); the same
     # matmul in a profiling run at twice that makes the GEMMs twice as fast, and nothing else changes
     from dataclasses import replace
-    from zerotune.validate.tune import MAX_PACE_RATIO, NO_PROFILE, _Model, _paced, load_profile_for
-    model = _Model(*load_profile_for("cpu"))
+    from zerotune.validate.tune import MAX_PACE_RATIO, NO_PROFILE, _load_profile, _paced
     settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "m", "cpu", 2)
     lines: list[str] = []
+    model = _load_profile(settings, lambda _: None)
     paced = _paced(model, replace(settings, device_matmul=("fp32", 2048, 2 * 95.51e9)), lines.append)
     ratio = paced.efficiency.gemm_efficiency_scale / model.efficiency.gemm_efficiency_scale
     assert ratio == pytest.approx(2.0, rel=0.01) and "GFLOP/s" in lines[0]
@@ -452,4 +452,5 @@ def test_the_devices_matmul_pace_today_rescales_the_calibrated_gemm_rate() -> No
     assert _paced(model, settings, lines.append) == model
     assert _paced(model, replace(settings, device_matmul=("fp32", 1000, 1e11)), lines.append) == model
     none = replace(settings, device_matmul=("fp32", 2048, 1e11), profile=Path(NO_PROFILE))
-    assert _paced(model, none, lines.append) == model
+    uncalibrated = _load_profile(none, lambda _: None)
+    assert _paced(uncalibrated, none, lines.append) == uncalibrated

@@ -19,7 +19,7 @@ import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import yaml
 
@@ -28,7 +28,8 @@ from zerotune.predictor.catalog import model_from_hf_dict
 from zerotune.predictor.dsconfig import OptimizerImpl
 from zerotune.predictor.model import ModelSpec
 
-__all__ = ["PROFILING_SITE", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s", "step_rel_error", "model_yaml"]
+__all__ = ["PROFILING_SITE", "MatmulPace", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s",
+           "step_rel_error", "model_yaml"]
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
@@ -36,6 +37,14 @@ RECOMPUTED_CALLS = 2
 _HEAD_KEYS = ("head", "tied_embeddings", "head_transform", "head_bias")
 """What a Hugging Face config cannot say (BertModel, BertForMaskedLM and BertForPreTraining share one) and the
 modules can (calibrate/inspect_model.py _head)."""
+
+
+class MatmulPace(NamedTuple):
+    """A square matmul timed on the device: its dtype, its edge and the FLOP/s it ran at."""
+
+    dtype: str
+    edge_elems: int
+    flops_per_s: float
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,8 @@ class ProfiledRun:
     optimizer_impl: OptimizerImpl | None = None
     """How the optimizer the engine stepped runs its update (DSConfig.optimizer_impl); None when not an Adam the
     model knows (e.g. an 8-bit or Lion optimizer) or not recorded."""
-    matmul: tuple[str, int, float] | None = None
-    """(dtype, edge, FLOP/s) of the square matmul rank 0 timed before the first step; None when not timed."""
+    matmul: MatmulPace | None = None
+    """The square matmul rank 0 timed before the first step; None when not timed."""
 
 
 def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
@@ -205,10 +214,10 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")))
 
 
-def _matmul(doc: Any) -> tuple[str, int, float] | None:
+def _matmul(doc: Any) -> MatmulPace | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("flops_per_s"), (int, float)) or doc["flops_per_s"] <= 0:
         return None
-    return str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"])
+    return MatmulPace(str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"]))
 
 
 def _optimizer_impl(doc: Any, read: list[str], assumed: list[str]) -> OptimizerImpl | None:

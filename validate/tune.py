@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
-from zerotune.calibrate.profiles import find_profile, load_profile
+from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
@@ -52,8 +52,8 @@ from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, candidate_table, fit_probability,
                                      memory_bounds, observation_of, prediction_of, run_search)
-from zerotune.validate.profiled import (ProfiledRun, median_step_s, model_yaml, profiling_env, read_profiled,
-                                        step_rel_error)
+from zerotune.validate.profiled import (MatmulPace, ProfiledRun, median_step_s, model_yaml, profiling_env,
+                                        read_profiled, step_rel_error)
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
@@ -107,9 +107,9 @@ class TuneSettings:
     optimizer_impl: OptimizerImpl | None = None
     """How the script's own optimizer runs its update, as the profiling run read it; it stands for a ds_config
     without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
-    device_matmul: tuple[str, int, float] | None = None
-    """(dtype, edge, FLOP/s) of the square matmul the profiling run timed on this device (ProfiledRun.matmul):
-    the device's pace today, against the calibration profile's microbenchmark of the same shape (_paced)."""
+    device_matmul: MatmulPace | None = None
+    """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
+    against the calibration profile's microbenchmark of the same shape (_paced)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,8 @@ class _Model:
 
     efficiency: Efficiency
     uncertainty: Uncertainty
+    calibration_matmul_flops_per_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    """The calibration's microbenchmark FLOP/s of square matmuls by (dtype, edge); empty when uncalibrated."""
 
 
 def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
@@ -155,19 +157,28 @@ def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
     return at
 
 
-def _load_profile(settings: TuneSettings, log: Callable[[str], None] = print) -> tuple[Efficiency, Uncertainty]:
-    return load_profile_for(settings.hardware, settings.profile, log)
+def _load_profile(settings: TuneSettings, log: Callable[[str], None] = print) -> _Model:
+    profile = _resolve_profile(settings.hardware, settings.profile, log)
+    if profile is None:
+        return _Model(Efficiency(), Uncertainty())
+    return _Model(profile.efficiency, profile.uncertainty.bands(), _square_matmuls(profile))
 
 
 def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[str], None] = lambda _: None
                      ) -> tuple[Efficiency, Uncertainty]:
+    """The efficiency and bands of the profile tune uses (_resolve_profile); the uncalibrated defaults without one."""
+    profile = _resolve_profile(hardware, given, log)
+    return (profile.efficiency, profile.uncertainty.bands()) if profile else (Efficiency(), Uncertainty())
+
+
+def _resolve_profile(hardware: str, given: Path | None, log: Callable[[str], None]) -> CalibrationProfile | None:
     """The profile named by --profile, else the user's calibration of this hardware, else the shipped one;
     which one is used (or that none is) is said through `log`, never picked up silently. --profile none
     (NO_PROFILE): none, the uncalibrated defaults, even where a calibration exists."""
     if given is not None and str(given) == NO_PROFILE:
         log(f"zerotune tune: --profile {NO_PROFILE}: predicting {hardware} uncalibrated (default efficiencies and "
             f"bands)")
-        return Efficiency(), Uncertainty()
+        return None
     if given is not None and not Path(given).is_file():
         raise ValueError(f"--profile {given}: no such file; give a calibration profile (zerotune calibrate "
                          f"writes one)")
@@ -175,32 +186,29 @@ def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[st
     if path is None:
         log(f"zerotune tune: no calibration profile for {hardware}; predicting uncalibrated "
             f"(zerotune calibrate --hardware {hardware} makes one)")
-        return Efficiency(), Uncertainty()
+        return None
     profile = load_profile(Path(path))
     if profile.hardware != hardware:
         warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {hardware}; tuning uncalibrated")
-        return Efficiency(), Uncertainty()
+        return None
     log(f"zerotune tune: calibration profile {path}")
-    return profile.efficiency, profile.uncertainty.bands()
+    return profile
+
+
+def _square_matmuls(profile: CalibrationProfile) -> dict[tuple[str, int], float]:
+    """The profile's microbenchmark FLOP/s of each edge^3 matmul, by (dtype, edge)."""
+    micro = profile.environment.get("microbenchmarks") or {}
+    rates: dict[tuple[str, int], float] = {}
+    for r in micro.get("matmul") or []:
+        if isinstance(r, dict) and r.get("m") == r.get("n") == r.get("k") and r.get("flops_per_s"):
+            key = (str(r.get("dtype")), int(r["m"]))
+            rates[key] = max(rates.get(key, 0.0), float(r["flops_per_s"]))
+    return rates
 
 
 MAX_PACE_RATIO = 4.0
 """A device timed more than this many times faster or slower than its calibration is not the calibrated one
 (another machine, a thermal fault): the rescaling stops here."""
-
-
-def _calibration_matmul_flops(hardware: str, given: Path | None, dtype: str, edge: int) -> float | None:
-    """The calibration profile's microbenchmark FLOP/s of an edge^3 matmul in dtype (the profile tune uses for
-    the hardware), or None without a profile or that measurement."""
-    if given is not None and str(given) == NO_PROFILE:
-        return None
-    path = given or find_profile(load_hardware(hardware).name)
-    if path is None or not Path(path).is_file():
-        return None
-    micro = load_profile(Path(path)).environment.get("microbenchmarks") or {}
-    rates = [float(r["flops_per_s"]) for r in micro.get("matmul") or [] if isinstance(r, dict)
-             and r.get("dtype") == dtype and (r.get("m"), r.get("n"), r.get("k")) == (edge, edge, edge)]
-    return max(rates) if rates else None
 
 
 def _paced(model: "_Model", settings: TuneSettings, log: Callable[[str], None]) -> "_Model":
@@ -211,7 +219,7 @@ def _paced(model: "_Model", settings: TuneSettings, log: Callable[[str], None]) 
     if settings.device_matmul is None:
         return model
     dtype, edge, now = settings.device_matmul
-    then = _calibration_matmul_flops(settings.hardware, settings.profile, dtype, edge)
+    then = model.calibration_matmul_flops_per_s.get((dtype, edge))
     if not then or not now > 0:
         return model
     ratio = min(max(now / then, 1.0 / MAX_PACE_RATIO), MAX_PACE_RATIO)
@@ -476,7 +484,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = _with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
                                                                   hidden_size=job.model.hidden_size,
                                                                   explore=_explorable(settings)))
-    model = _paced(_Model(*_load_profile(settings, log)), settings, log)
+    model = _paced(_load_profile(settings, log), settings, log)
     if initial:
         for line in _first_predictions(job, model, initial, at.metric):
             log(line)
@@ -641,7 +649,7 @@ class ProfileOutcome:
     """Its step time and peak memory, for the tuner's correction (None when it measured nothing)."""
     optimizer_impl: OptimizerImpl | None = None
     """The script's optimizer as the run read it (ProfiledRun.optimizer_impl)."""
-    device_matmul: tuple[str, int, float] | None = None
+    device_matmul: MatmulPace | None = None
     """The device's matmul pace the run timed (TuneSettings.device_matmul)."""
 
 
