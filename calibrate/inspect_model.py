@@ -14,7 +14,10 @@ zerotune.predictor.catalog reads from a config.json); otherwise the structure is
   grouped K/V), the MLP width (h -> f) and a gated MLP (two h -> f projections); nn.MultiheadAttention gives
   its heads, otherwise an attribute named like num_heads / n_head on the attention module does;
 - the LM head is a Linear h -> vocabulary; tied when its weight is the embedding's tensor; an h -> h Linear outside
-  the blocks (not a pooler) beside it is a masked-LM transform (BERT).
+  the blocks (not a pooler) beside it is a masked-LM transform (BERT);
+- what trains: parameters with requires_grad False are frozen (inside the blocks or outside), and adapters (LoRA and
+  peft's other tuners, by their name prefixes) are trainable parameters beside the architecture, left out of the
+  block's linear shapes.
 
 This file imports only torch: the profiling hook loads it by path so no zerotune package name enters the
 user's process.
@@ -30,6 +33,9 @@ from torch import nn
 
 __all__ = ["describe", "find_blocks", "HEAD_DIM_ASSUMED"]
 
+ADAPTER_PREFIXES = ("lora_", "ia3_", "hada_", "lokr_", "oft_", "boft_", "vera_")
+"""Name prefixes of parameter-efficient adapters' modules and parameters: peft's tuner layers (the `prefix` of
+peft/tuners/{lora,ia3,loha,lokr,oft,boft,vera}/model.py; LoRA's lora_A / lora_B, also loralib's parameters)."""
 HEAD_DIM_ASSUMED = 64
 """Heads of 64 (GPT-2, BERT, Llama) when no module states its head count."""
 _HEAD_ATTRS = ("num_heads", "n_head", "num_attention_heads", "n_heads", "nhead", "num_head")
@@ -146,7 +152,7 @@ def _block_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
     """(name, in, out, bias) of every linear map of one block, nn.MultiheadAttention's fused in-projection included."""
     out = _mha_linears(block)
     for name, mod in block.named_modules():
-        if isinstance(mod, nn.Linear):
+        if isinstance(mod, nn.Linear) and not _is_adapter(name):  # a LoRA's own h -> r, r -> out maps are not the block's
             n_out, n_in = _shape(mod.weight)
             out.append((name, n_in, n_out, mod.bias is not None))
     return out
@@ -226,6 +232,26 @@ def _params_by_kind(model: nn.Module, blocks: nn.Module) -> dict[str, int]:
     return kinds
 
 
+def _is_adapter(name: str) -> bool:
+    return any(part.startswith(ADAPTER_PREFIXES) for part in name.split("."))
+
+
+def _training(model: nn.Module, blocks: nn.Module | None) -> dict[str, int]:
+    """What trains: frozen elements inside the blocks (per block) and outside them, and the adapters' elements and
+    tensors (trainable, beside the architecture). A tied weight is counted once, as model.parameters() yields it."""
+    inside = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    out = {"trainable_params": 0, "frozen_block_params": 0, "frozen_outer_params": 0, "adapter_params": 0,
+           "adapter_tensors": 0}
+    for name, p in model.named_parameters():
+        if _is_adapter(name):
+            out["adapter_params"] += _numel(p)
+            out["adapter_tensors"] += 1
+        elif not p.requires_grad:
+            out["frozen_block_params" if id(p) in inside else "frozen_outer_params"] += _numel(p)
+        out["trainable_params"] += _numel(p) if p.requires_grad else 0
+    return out
+
+
 def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     found = find_blocks(model)
     if found is None:
@@ -273,7 +299,7 @@ def _checkpointing(model: nn.Module) -> bool:
 
 def describe(model: nn.Module) -> dict[str, Any]:
     """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'num_params',
-    'params_by_kind', 'dtype', 'gradient_checkpointing'}; 'structure' is None when it cannot be read."""
+    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing'}; 'structure' is None when it cannot be read."""
     notes: dict[str, list[str]] = {"read": [], "assumed": []}
     out: dict[str, Any] = {"hf_config": _hf_config(model), "structure": None, "error": ""}
     try:
@@ -283,6 +309,7 @@ def describe(model: nn.Module) -> dict[str, Any]:
     found = find_blocks(model)
     if found is not None and out["structure"] is not None:
         out["params_by_kind"] = _params_by_kind(model, found[1])
+    out["training"] = _training(model, found[1] if found is not None else None)
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
                gradient_checkpointing=_checkpointing(model))

@@ -104,13 +104,15 @@ MODEL_LIMITS: dict[str, int] = {
     "num_layers": 4096, "hidden_size": 2**20, "num_heads": 2**14, "num_kv_heads": 2**14, "ffn_hidden_size": 2**22,
     "vocab_size": 2**24, "max_position_embeddings": 2**30, "type_vocab_size": 2**16,
     "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
-    "attention_head_dim": 2**16,
+    "attention_head_dim": 2**16, "frozen_layer_params": 10**15, "frozen_outer_params": 10**15,
+    "adapter_params": 10**15, "num_adapter_tensors": 2**24,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
 arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
 _MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
-                   "published_num_params", "attention_head_dim"}
+                   "published_num_params", "attention_head_dim", "frozen_layer_params", "frozen_outer_params",
+                   "adapter_params", "num_adapter_tensors"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:

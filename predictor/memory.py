@@ -109,10 +109,11 @@ def _small_tensor_elems(model: ModelSpec, threshold: int) -> int:
 def model_states(job: Job, cfg: DSConfig) -> ModelStates:
     """Model states of a job's model: see state_bytes."""
     persistent = _persistent_elems(job, cfg) if cfg.zero.stage == 3 else 0
-    return state_bytes(job.model.num_params, job.cluster.world_size, cfg, persistent)
+    return state_bytes(job.model.num_params, job.cluster.world_size, cfg, persistent, job.model.num_trainable_params)
 
 
-def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_elems: float = 0) -> ModelStates:
+def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_elems: float = 0,
+                num_trainable_params: float | None = None) -> ModelStates:
     """Parameters, gradients and optimizer states per device (ZeRO paper sec. 5.1, eqs. for P_os, P_g, P_p).
 
     DeepSpeed's ZeRO optimizers keep an fp32 partition of the parameters even in fp32 training
@@ -122,16 +123,19 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
     DeepSpeed's 18 bytes in estimate_zero2_model_states_mem_needs (2 + 4 + 4 + 8), but 8 per parameter under
     FP16_Optimizer (16-bit without ZeRO), which casts every gradient and flattens the casts. BF16_Optimizer
     keeps an fp32 gradient buffer of the whole model beside the bf16 gradients (grad_bytes_per_param).
+    Gradients, master copies and optimizer states exist for trainable parameters only (ModelSpec.frozen_layer_params);
+    every parameter holds its weight.
     """
     z, p = cfg.zero, DTYPE_BYTES[cfg.precision]
     n_dp = cfg.dp_size(world_size)
     psi = num_params / cfg.model_parallel_size  # a pipeline stage holds its share of the layers
+    trained = (num_params if num_trainable_params is None else num_trainable_params) / cfg.model_parallel_size
     shard_os = n_dp if z.stage >= 1 else 1
     shard_g = n_dp if z.stage >= 2 else 1
     master = FP32_BYTES if (cfg.precision != "fp32" or z.stage >= 1) else 0
-    optimizer = (optimizer_state_bytes_per_param(cfg) + master) * psi / shard_os
-    master_grads = transient_fp32_grad_bytes_per_param(cfg) * psi / shard_os
-    grads = grad_bytes_per_param(cfg) * psi / shard_g
+    optimizer = (optimizer_state_bytes_per_param(cfg) + master) * trained / shard_os
+    master_grads = transient_fp32_grad_bytes_per_param(cfg) * trained / shard_os
+    grads = grad_bytes_per_param(cfg) * trained / shard_g
     params = p * psi
     host = nvme = 0.0
     if z.stage == 3:
@@ -146,7 +150,7 @@ def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_el
         # The optimizer and its fp32 gradients live on the host; with partitioned gradients (stage >= 2)
         # each reduced bucket goes straight to the host's fp32 gradient buffer (DeepSpeed's estimator:
         # 2 bytes per parameter on the device, 16 per partitioned parameter on the host).
-        moved = optimizer + FP32_BYTES * psi / shard_os  # the fp32 gradient partition on the host
+        moved = optimizer + FP32_BYTES * trained / shard_os  # the fp32 gradient partition on the host
         grads = grads if z.stage < 2 else 0.0
         if z.offload_optimizer.device == "cpu":
             host += moved
@@ -206,7 +210,7 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     gathered in place (runtime/utils.py all_gather_dp_groups); it only sets how many calls are made.
     """
     z, g = cfg.zero, DTYPE_BYTES[cfg.grad_precision]
-    psi = job.model.num_params / cfg.model_parallel_size
+    psi = job.model.num_trainable_params / cfg.model_parallel_size  # frozen parameters have no gradient to reduce
     if cfg.dp_size(job.cluster.world_size) == 1 and z.stage == 0:
         return 0.0, 0.0  # one rank: nothing to reduce
     if z.stage == 0:
@@ -258,7 +262,7 @@ def _foreach_adam_bytes(job: Job, cfg: DSConfig) -> float:
     if cfg.optimizer_impl != "torch" or job.cluster.hardware.kind == "cpu" or offloaded:
         return 0.0
     shard = cfg.dp_size(job.cluster.world_size) if cfg.zero.stage >= 1 else 1
-    return FP32_BYTES * job.model.num_params / cfg.model_parallel_size / shard
+    return FP32_BYTES * job.model.num_trainable_params / cfg.model_parallel_size / shard
 
 
 def _reserved_bytes(job: Job, eff: Efficiency) -> float:

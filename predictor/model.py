@@ -88,6 +88,21 @@ class ModelSpec:
     """Bytes a block keeps for backward, measured over zerotune.predictor.activations' formula: 1 for the implementations
     the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
     the first block, validate/profiled.py)."""
+    frozen_layer_params: int = 0
+    """Elements of one block's parameters that do not train (requires_grad False: a LoRA fine-tune's base weights,
+    frozen lower layers averaged over the blocks); 0: every block parameter trains. DeepSpeed builds its optimizer's
+    groups, gradient buckets and fp32 partitions from trainable parameters only (deepspeed 0.19
+    runtime/zero/stage_1_and_2.py:428-434, zero/stage3.py:726-735 _get_trainable_parameter_groups,
+    bf16_optimizer.py:162, fp16/fused_optimizer.py:91; engine.py:3848-3850 skips them in ZeRO-0's all-reduce), so a
+    frozen parameter costs its 16-bit weight (partitioned under ZeRO-3) and no gradient, master copy or optimizer
+    state; autograd skips its weight-gradient GEMM."""
+    frozen_outer_params: int = 0
+    """Frozen elements outside the blocks (embeddings, final norm, head)."""
+    adapter_params: int = 0
+    """Trainable elements beside the architecture's tensors (LoRA's A and B matrices; peft's tuner layers), counted
+    in num_params."""
+    num_adapter_tensors: int = 0
+    """Parameter tensors of the adapters: each passes through DeepSpeed's gradient hooks like any other."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -101,6 +116,9 @@ class ModelSpec:
                              f"with head: none or pooler for inputs that are not tokens, got {self.vocab_size}")
         if not self.activation_scale > 0:
             raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
+        for field in ("frozen_layer_params", "frozen_outer_params", "adapter_params", "num_adapter_tensors"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"model {self.name!r}: {field} must be 0 or positive, got {getattr(self, field)}")
         if self.attention_head_dim < 0:
             raise ValueError(f"model {self.name!r}: attention_head_dim must be 0 (hidden_size / num_heads) or "
                              f"positive, got {self.attention_head_dim}")
@@ -198,7 +216,44 @@ class ModelSpec:
 
     @cached_property
     def num_params(self) -> int:
-        return sum(t.num_elems for t in self.tensors())
+        """Every parameter the model holds: the architecture's tensors and the adapters beside them."""
+        return sum(t.num_elems for t in self.tensors()) + self.adapter_params
+
+    @cached_property
+    def num_trainable_params(self) -> int:
+        """Parameters with gradients, master copies and optimizer states: all but the frozen ones."""
+        frozen = (self.num_layers * min(self.frozen_layer_params, self.num_layer_params)
+                  + min(self.frozen_outer_params, self.num_outer_params))
+        return self.num_params - frozen
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.frozen_layer_params or self.frozen_outer_params)
+
+    @cached_property
+    def num_trainable_tensors(self) -> int:
+        """Tensors through DeepSpeed's gradient hooks and buckets: the architecture's, in the share of its elements
+        that train (a block frozen whole has none), plus the adapters'."""
+        architecture = self.num_params - self.adapter_params
+        share = (self.num_trainable_params - self.adapter_params) / architecture if architecture else 1.0
+        return round(self.num_tensors * share) + self.num_adapter_tensors
+
+    @property
+    def layer_weight_grad_share(self) -> float:
+        """Share of a block's weights whose gradient GEMM runs (1 unless frozen)."""
+        return 1.0 - min(self.frozen_layer_params, self.num_layer_params) / self.num_layer_params
+
+    @property
+    def outer_weight_grad_share(self) -> float:
+        """Share of the parameters outside the blocks (embeddings, head) that train: the logits' weight-gradient
+        GEMM runs only if the head (or the embedding tied to it) trains."""
+        outer = self.num_outer_params
+        return 1.0 - min(self.frozen_outer_params, outer) / outer if outer else 1.0
+
+    @cached_property
+    def num_outer_params(self) -> int:
+        """Parameters outside the blocks: embeddings, final norm, head."""
+        return sum(t.num_elems for t in self.embedding_tensors() + self.head_tensors())
 
     @cached_property
     def num_tensors(self) -> int:

@@ -109,12 +109,31 @@ class PhaseTimes:
     backward_flops: Batch
 
 
-def _linear(tokens: Batch, n_in: float, n_out: float, rates: DeviceRates) -> tuple[Batch, Batch, Batch]:
+def _linear(tokens: Batch, n_in: float, n_out: float, rates: DeviceRates, weight_grad: float = 1.0
+            ) -> tuple[Batch, Batch, Batch]:
     """(forward s, backward s, forward FLOPs) of y = x W for x of tokens x n_in: backward is the input
-    gradient (tokens x n_out -> n_in) and the weight gradient (n_in x n_out, reduced over tokens)."""
+    gradient (tokens x n_out -> n_in) and the weight gradient (n_in x n_out, reduced over tokens), which autograd
+    runs only for a weight that requires grad (`weight_grad`: the share that does)."""
     fwd = gemm_s(tokens, n_out, n_in, 1, rates)
-    bwd = gemm_s(tokens, n_in, n_out, 1, rates) + gemm_s(n_in, n_out, tokens, 1, rates)
+    bwd = gemm_s(tokens, n_in, n_out, 1, rates) + weight_grad * gemm_s(n_in, n_out, tokens, 1, rates)
     return fwd, bwd, gemm_flops(tokens, n_out, n_in)
+
+
+def _adapters(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, int, int]:
+    """(forward s, backward s, forward kernels, backward kernels) of one block's low-rank adapters (LoRA, Hu et al.
+    2021, eq. 3: h = W0 x + B A x): per adapted linear, x A (h -> r) and (x A) B (r -> h), the scaling and the add
+    onto the frozen projection's output (peft tuners/lora/layer.py Linear.forward); backward both GEMMs' input and
+    weight gradients. Adapted linears and their rank come from the adapters' count and size, as h -> h maps."""
+    adapted = model.num_adapter_tensors / 2 / model.num_layers
+    if not adapted:
+        return 0 * tokens, 0 * tokens, 0, 0
+    h = model.hidden_size
+    rank = max(1.0, model.adapter_params / (model.num_adapter_tensors * h))  # pairs of r x h and h x r
+    down, up = _linear(tokens, h, rank, rates), _linear(tokens, rank, h / tp, rates)
+    add_f = _elementwise(tokens * h / tp, 2, 1, 0, rates)
+    fwd = adapted * (down[0] + up[0] + add_f)
+    bwd = adapted * (down[1] + up[1] + _elementwise(tokens * h / tp, 1, 1, 0, rates))
+    return fwd, bwd, round(4 * adapted), round(6 * adapted)
 
 
 def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, Batch]:
@@ -207,17 +226,19 @@ def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates)
     """One transformer block on one tensor-parallel rank."""
     h, f, kv, q = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.q_dim
     tokens = b * s
-    ups = 2 if model.gated_mlp else 1
-    parts = [_linear(tokens, h, (q + 2 * kv) / tp, rates), _linear(tokens, q / tp, h, rates),
-             _linear(tokens, h, ups * f / tp, rates), _linear(tokens, f / tp, h, rates),
+    ups, wg = 2 if model.gated_mlp else 1, model.layer_weight_grad_share
+    parts = [_linear(tokens, h, (q + 2 * kv) / tp, rates, wg), _linear(tokens, q / tp, h, rates, wg),
+             _linear(tokens, h, ups * f / tp, rates, wg), _linear(tokens, f / tp, h, rates, wg),
              _attention(model, b, s, tp, rates)]
     mem_f, mem_b, kernels_f, kernels_b = _block_memory_ops(model, b, s, tp, rates)
     rel_f, rel_b, rel_kf, rel_kb = _disentangled_attention(model, b, s, tp, rates)
+    ad_f, ad_b, ad_kf, ad_kb = _adapters(model, tokens, tp, rates)
     flops = sum(p[2] for p in parts)
     gemm_kernels = 4 + (1 if model.attention == "flash" else 2)
-    return PhaseTimes(sum(p[0] for p in parts) + mem_f + rel_f, sum(p[1] for p in parts) + mem_b + rel_b,
-                      gemm_kernels + kernels_f + rel_kf, 2 * gemm_kernels + kernels_b + rel_kb, flops,
-                      BACKWARD_PER_FORWARD * flops)
+    backward_gemm_kernels = 2 * gemm_kernels - round(4 * (1 - wg))  # frozen weights: no weight-gradient GEMM
+    return PhaseTimes(sum(p[0] for p in parts) + mem_f + rel_f + ad_f, sum(p[1] for p in parts) + mem_b + rel_b + ad_b,
+                      gemm_kernels + kernels_f + rel_kf + ad_kf, backward_gemm_kernels + kernels_b + rel_kb + ad_kb,
+                      flops, BACKWARD_PER_FORWARD * flops)
 
 
 def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates, embedding: bool
@@ -228,9 +249,10 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     gathers = 1 + int(model.position_embedding == "learned") + int(model.type_vocab_size > 0)
     norms = int(model.embedding_norm and embedding) + int(model.final_norm)
     fwd, bwd = 0 * hidden, 0 * hidden  # two arrays: += below must not alias them
+    trained = model.outer_weight_grad_share  # frozen embeddings / head: no scatter-add, no weight-gradient GEMM
     if embedding:  # gathers, the adds that sum them, their backward scatter-adds
         fwd = _elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, 2 * (gathers - 1), gathers - 1, 0, rates)
-        bwd = _elementwise(hidden, gathers, gathers, 0, rates)
+        bwd = trained * _elementwise(hidden, gathers, gathers, 0, rates)
     fwd += norms * _elementwise(hidden, 1, 1, 0, rates)
     bwd += norms * _elementwise(hidden, 3, 1, 0, rates)
     kernels_f = (2 * gathers - 1) * int(embedding) + norms
@@ -238,7 +260,7 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     flops = 0 * hidden
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp
-        f_s, b_s, flops = _linear(tokens, model.hidden_size, model.vocab_size / tp, rates)
+        f_s, b_s, flops = _linear(tokens, model.hidden_size, model.vocab_size / tp, rates, trained)
         # cross-entropy: a contiguous copy of the shifted logits and a log-softmax; backward the reverse
         fwd += f_s + _elementwise(logits, 2, 2, 0, rates)
         bwd += b_s + _elementwise(logits, 3, 2, 0, rates)

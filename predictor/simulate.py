@@ -71,7 +71,9 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     bandwidth, latency = data_parallel_link(job, eff)
     num_layers = parts.layers
     layer_params = m.num_layer_params / cfg.mp_size
-    outer_params = (m.num_params / cfg.mp_size) - m.num_layers * layer_params
+    # gathered: every parameter; reduced: the trainable ones (ModelSpec.frozen_layer_params), adapters in the blocks
+    trained_layer_params = (layer_params * m.layer_weight_grad_share + m.adapter_params / m.num_layers / cfg.mp_size)
+    trained_outer_params = m.num_outer_params / cfg.mp_size * m.outer_weight_grad_share
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
     trace = zero3_trace(m, cfg)
@@ -112,13 +114,13 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
             deps.append(gather_prev)
         compute_prev = _add(graph, f"b{i}", "compute", layer_bwd, deps)
         bwd_tasks.append(compute_prev)
-        bucket_elems += layer_params
+        bucket_elems += trained_layer_params
         if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
             reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
     if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
-        left = bucket_elems + outer_params
+        left = bucket_elems + trained_outer_params
         _add(graph, "rs_last", "comm", comm(reduce_kind, left), [compute_prev, reduce_prev])
     compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
     comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s

@@ -102,14 +102,14 @@ def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float
 def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
     """The collectives each stage issues (zero_mechanics.grad_reduction, zero3_trace), one bucket per call."""
     z, m = cfg.zero, job.model
-    psi = m.num_params / cfg.model_parallel_size
+    psi = m.num_trainable_params / cfg.model_parallel_size  # frozen parameters are neither reduced nor updated
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     red = grad_reduction(m, cfg)
     if z.stage == 0:
         return [Collective("all_reduce", psi * g, red.num_calls, "after_backward", False)]
     if z.stage < 3:
         # Averaged by an all-reduce per IPG bucket whatever reduce_scatter says (grad_reduction); the updated
-        # partitions come back in one all_gather_into_tensor wherever the backend has it
+        # partitions of the trainable groups come back in one all_gather_into_tensor wherever the backend has it
         # (runtime/utils.py all_gather_dp_groups), so allgather_bucket_size changes nothing there.
         return [Collective(red.kind, psi * g, red.num_calls, "backward", z.stage == 2),
                 Collective("all_gather", psi * p, 1, "after_step", False)]
@@ -367,14 +367,15 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     """(optimizer step on the device, offload time) per optimizer step."""
     z, hw = cfg.zero, job.cluster.hardware
     n_dp = cfg.dp_size(job.cluster.world_size)
-    psi = job.model.num_params / cfg.model_parallel_size
-    partition = psi / n_dp if z.stage >= 1 else psi
+    shard = n_dp if z.stage >= 1 else 1
+    partition = job.model.num_trainable_params / cfg.model_parallel_size / shard  # what the optimizer updates
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
-    # ZeRO-Infinity parameter offload: each rank's partition crosses to the device for every forward and
-    # every backward of every micro-step (Rajbhandari et al. 2021, sec. 5), whatever the optimizer does.
+    # ZeRO-Infinity parameter offload: each rank's partition, frozen parameters included, crosses to the device
+    # for every forward and every backward of every micro-step (Rajbhandari et al. 2021, sec. 5).
     offload: Batch = 0.0
     if z.offload_param.device != "none":
-        offload = gas * 2 * partition * p / hw.host_to_device_bandwidth_bytes_per_s
+        held = job.model.num_params / cfg.model_parallel_size / shard
+        offload = gas * 2 * held * p / hw.host_to_device_bandwidth_bytes_per_s
     if z.offload_optimizer.device == "none":
         # Adam's own traffic plus the wrapper's casts, flattening, norm, unscale and copy back (zero_mechanics)
         traffic = eff.optimizer_bytes_per_param * adam_traffic_ratio(cfg) + wrapper_bytes_per_param(cfg)

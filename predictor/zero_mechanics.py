@@ -228,7 +228,7 @@ def grad_reduction(model: ModelSpec, cfg: DSConfig) -> GradReduction:
 @lru_cache(maxsize=4096)
 def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scatter: bool, model_parallel: int,
                     grad_precision: str) -> GradReduction:
-    psi, g = model.num_params / model_parallel, _BYTES[grad_precision]
+    psi, g = model.num_trainable_params / model_parallel, _BYTES[grad_precision]  # frozen: no gradient
     if stage == 0:
         calls = max(1, math.ceil(psi / STAGE0_ALLREDUCE_BUCKET_ELEMS))
         return GradReduction("all_reduce", calls, 2 * 2 * psi * g, 0)  # flatten and copy back, read + write
@@ -236,7 +236,7 @@ def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scat
     # into the bucket, flatten (stages 1-2) or interleave (stage 3) for the collective, the partition back out
     copies = 2 * 3 * psi * g
     kind: ReduceKind = "reduce_scatter" if stage == 3 and reduce_scatter else "all_reduce"
-    return GradReduction(kind, calls, copies, model.num_tensors)
+    return GradReduction(kind, calls, copies, model.num_trainable_tensors)
 
 
 def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Efficiency) -> tuple[float, float]:
@@ -253,7 +253,7 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
     if optimizer_wrapper(cfg) == "fp16":
         # FP16_Optimizer.step tests every .grad for inf/nan and branches on it in Python: one device
         # synchronisation per tensor (runtime/utils.py:291-295 has_overflow_serial, 205 has_inf_or_nan).
-        per_step += model.num_tensors * share * eff.tensor_sync_check_s
+        per_step += model.num_trainable_tensors * share * eff.tensor_sync_check_s  # its groups: trainable only
     if z.stage == 3:
         t = zero3_trace(model, cfg)
         hooks = 2 * t.num_hooked_modules * eff.zero3_module_hook_s

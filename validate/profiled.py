@@ -164,6 +164,23 @@ def _functional_head(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str])
     return spec.replace(head="lm", tied_embeddings=True, head_bias=False)
 
 
+def _training(spec: ModelSpec, doc: Any, read: list[str]) -> ModelSpec:
+    """Frozen parameters (requires_grad False) and adapters beside the architecture (LoRA): per block, outside the
+    blocks, and the adapters' size and tensors, as the process counted them (calibrate/inspect_model._training)."""
+    if not isinstance(doc, dict):
+        return spec
+    frozen_blocks, frozen_outer = int(doc.get("frozen_block_params") or 0), int(doc.get("frozen_outer_params") or 0)
+    adapters, adapter_tensors = int(doc.get("adapter_params") or 0), int(doc.get("adapter_tensors") or 0)
+    if not (frozen_blocks or frozen_outer or adapters):
+        return spec
+    per_block = min(spec.num_layer_params, round(frozen_blocks / spec.num_layers))
+    spec = spec.replace(frozen_layer_params=per_block, frozen_outer_params=min(frozen_outer, spec.num_outer_params),
+                        adapter_params=adapters, num_adapter_tensors=adapter_tensors)
+    read.append(f"trainable parameters {int(doc.get('trainable_params') or 0):,}: frozen {frozen_blocks:,} in the blocks "
+                f"and {frozen_outer:,} outside them; adapters {adapters:,} in {adapter_tensors} tensors")
+    return spec
+
+
 def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[int, int] | None, dtype: str,
                       read: list[str]) -> float:
     """Measured over formula bytes the first block kept for backward at the first micro-batch (1.0 when nothing
@@ -199,6 +216,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     except (LookupError, ValueError, TypeError) as exc:
         raise ValueError(f"cannot read this model's structure ({exc})") from None
     spec = _functional_head(spec, rank0, read)
+    spec = _training(spec, model_doc.get("training"), read)
     spec = spec.replace(attention=_attention(rank0, read, assumed))
     spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens, str(model_doc.get("dtype", "")),
                                                                  read), 4))
