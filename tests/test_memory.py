@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory
-from zerotune.predictor.catalog import load_hardware
+from zerotune.predictor.catalog import load_hardware, load_model
 from zerotune.predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
 from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
-from zerotune.predictor.memory import TERMS, state_bytes
+from zerotune.predictor.memory import TERMS, model_states, state_bytes
+from zerotune.predictor.ops import device_rates, gemm_s, layer_times
 from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.units import GB, GIB
 from tests.conftest import make_job
@@ -187,3 +188,50 @@ def test_a_classification_head_holds_no_vocabulary_logits() -> None:
     assert job.model.head == "pooler" and job.model.tied_embeddings
     mem = estimate_memory(job, DSConfig(precision="fp32", train_micro_batch_size_per_gpu=93))
     assert mem.breakdown_bytes["logits"] == 0.0 and mem.fits
+
+
+def _lora(job, rank: int = 8):  # type: ignore[no-untyped-def]
+    """The job's model frozen whole, with rank-`rank` adapters on two h x h maps a block (LoRA on q and v)."""
+    m = job.model
+    adapters = m.num_layers * 2 * 2 * rank * m.hidden_size
+    model = m.replace(frozen_layer_params=m.num_layer_params, frozen_outer_params=m.num_outer_params,
+                      adapter_params=adapters, num_adapter_tensors=4 * m.num_layers)
+    return type(job)(model, job.cluster, job.seq_len), adapters
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_frozen_parameters_hold_weights_but_no_gradients_or_optimizer_states(stage: int) -> None:
+    # DeepSpeed 0.19 builds its optimizer groups, gradient buckets and fp32 partitions from the parameters that
+    # require grad (runtime/zero/stage_1_and_2.py:428-434, zero/stage3.py:726-735, fp16/fused_optimizer.py:91,
+    # bf16_optimizer.py:162): a LoRA fine-tune of GPT-2 large keeps its 16-bit weights (partitioned under ZeRO-3)
+    # and a 2-byte gradient and K = 12 bytes of optimizer states (ZeRO paper sec. 3.1) per adapter parameter only.
+    full = make_job("gpt2-large", "a100-80gb", num_gpus=8)
+    lora, adapters = _lora(full)
+    cfg = mixed(stage)
+    s, f = state_bytes(full.model.num_params, 8, cfg), estimate_memory(lora, cfg)
+    states = model_states(lora, cfg)
+    shard_os, shard_g = (8 if stage >= 1 else 1), (8 if stage >= 2 else 1)
+    assert states.gradients == pytest.approx(2 * adapters / shard_g, rel=1e-9)
+    assert states.optimizer_states == pytest.approx(12 * adapters / shard_os, rel=1e-9)  # the paper's K = 12
+    held = 2 * (full.model.num_params + adapters)
+    assert states.parameters == pytest.approx(held if stage < 3 else held / 8, rel=0.01)
+    assert f.total_bytes < estimate_memory(full, cfg).total_bytes
+    assert s.gradients > 100 * states.gradients
+
+
+def test_frozen_weights_skip_their_weight_gradient_gemms() -> None:
+    # autograd computes no gradient for a weight that does not require grad: a frozen block's backward is the
+    # full block's less its four weight-gradient GEMMs (QKV, out, up, down: T x n_in x n_out each)
+    m = load_model("gpt2-large")
+    rates = device_rates(load_hardware("a100-80gb"), "bf16", Efficiency())
+    b, s, h, f = 4, 1024, m.hidden_size, m.ffn_hidden_size
+    frozen = m.replace(frozen_layer_params=m.num_layer_params)
+    weight_grads = sum(gemm_s(i, o, b * s, 1, rates) for i, o in ((h, 3 * h), (h, h), (h, f), (f, h)))
+    assert layer_times(frozen, b, s, 1, rates).backward_s == pytest.approx(
+        layer_times(m, b, s, 1, rates).backward_s - weight_grads, rel=1e-9)
+    assert layer_times(frozen, b, s, 1, rates).backward_kernels == layer_times(m, b, s, 1, rates).backward_kernels - 4
+
+
+def test_frozen_counts_are_checked() -> None:
+    with pytest.raises(ValueError, match="frozen_layer_params"):
+        ModelSpec("m", 2, 64, 4, 4, 256, 100, 64, frozen_layer_params=-1)

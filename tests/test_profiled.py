@@ -363,3 +363,57 @@ def test_blocks_in_an_nn_sequential_are_read_as_timms_vision_transformer_keeps_t
     s = describe(model)["structure"]
     assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["ffn_hidden_size"], s["vocab_size"]) == \
         (5, 192, 3, 768, 0)
+
+
+def _peft_style_lora(model: torch.nn.Module, targets: tuple[str, ...], rank: int) -> torch.nn.Module:
+    """Adapters as peft lays them out (tuners/lora/layer.py): the frozen nn.Linear becomes `base_layer` beside
+    `lora_A` / `lora_B` ModuleDicts of nn.Linear (in -> r, r -> out); everything else frozen."""
+    class Wrapped(torch.nn.Module):
+        def __init__(self, base: torch.nn.Linear) -> None:
+            super().__init__()
+            self.base_layer = base
+            self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(base.in_features, rank, bias=False)})
+            self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(rank, base.out_features, bias=False)})
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear) and child_name in targets:
+                setattr(module, child_name, Wrapped(child))
+    return model
+
+
+def test_frozen_weights_and_peft_style_adapters_are_read(tmp_path: Path) -> None:
+    """A LoRA fine-tune's model: the block's shapes come from the frozen base layers, not the adapters' in -> r maps
+    (which would read as a narrow K/V projection), and the model YAML counts what trains."""
+    model = _peft_style_lora(_script("decoder_lm").Decoder(), ("q_proj", "v_proj"), rank=8)
+    doc = describe(model)
+    s = doc["structure"]
+    # the fixture's constants as in test_decoder_grouped_kv_and_gated_mlp_are_read_from_linear_shapes
+    assert (s["num_layers"], s["hidden_size"], s["num_kv_heads"], s["ffn_hidden_size"]) == (6, 256, 2, 704)
+    # per block: q 8 x (256 + 256), v 8 x (256 + 64); everything else frozen
+    assert doc["training"]["adapter_params"] == 6 * 8 * (256 + 256 + 256 + 64)
+    assert doc["training"]["adapter_tensors"] == 6 * 4 and doc["training"]["trainable_params"] == 6 * 8 * 832
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "ids", "shape": [2, 97], "dtype": "int64"}])
+    spec = read_profiled(prefix, "lora", 2).model
+    assert spec.frozen_layer_params == spec.num_layer_params and spec.frozen_outer_params == spec.num_outer_params
+    assert spec.num_trainable_params == 6 * 8 * 832 and spec.num_trainable_tensors == 24
+
+
+def test_hugging_face_model_wrapped_by_peft_is_read() -> None:
+    """peft's get_peft_model around a Hugging Face Llama: the config is the base model's, the adapters are counted."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(config),
+                                peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    doc = describe(model)
+    assert doc["hf_config"]["hidden_size"] == 128 and doc["structure"]["ffn_hidden_size"] == 352
+    # q: 4 x (128 + 128), v: 4 x (128 + 64) a layer
+    assert doc["training"]["adapter_params"] == 3 * 4 * (256 + 192) == doc["training"]["trainable_params"]

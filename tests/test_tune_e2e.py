@@ -299,3 +299,28 @@ def test_hugging_face_trainer_script_with_auto_values_is_tuned(tmp_path: Path) -
     assert optimal["bf16"] == {"enabled": "auto"}
     assert f"--per_device_train_batch_size {best.train_micro_batch_size_per_gpu}" in \
         (results / "cmd_optimal.txt").read_text()
+
+
+def test_lora_finetune_script_is_read_with_what_trains(tmp_path: Path) -> None:
+    """A LoRA fine-tune (frozen base, loralib-style adapters, only the trainable parameters given to the ds_config's
+    optimizer): the real profiling run reads the frozen parameters and the adapters, and the model it writes charges
+    optimizer states for the adapters alone."""
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import profile_model
+    config = _script_config(tmp_path, [1, 2])
+    doc = json.loads(config.read_text())
+    doc["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}
+    config.write_text(json.dumps(doc))
+    settings = _script_settings([str(SCRIPTS / "lora_finetune.py"), "--deepspeed", "--deepspeed_config", str(config),
+                                 "--steps", "30"])
+    profiled = profile_model(settings)
+    model = load_model(profiled.model_path)
+    # the script's constants (tests/fixtures/scripts/lora_finetune.py): 8 blocks of 3,152,384 frozen parameters
+    # (two norms, QKV 512 -> 1536 and 512 -> 512 with biases, MLP 512 -> 2048 -> 512), rank-16 adapters on two of
+    # them (16 x (512 + 1536) + 16 x (512 + 512) = 49,152 a block), embeddings 10000 x 512 + 128 x 512 and the
+    # final norm frozen
+    assert (model.num_layers, model.hidden_size, model.vocab_size, model.ffn_hidden_size) == (8, 512, 10000, 2048)
+    assert model.frozen_layer_params == 3_152_384 and model.num_layer_params == 3_152_384
+    assert (model.adapter_params, model.num_adapter_tensors) == (8 * 49_152, 32)
+    assert model.frozen_outer_params == 10000 * 512 + 128 * 512 + 2 * 512
+    assert model.num_trainable_params == 393_216 and model.num_params == 30_798_848

@@ -207,6 +207,12 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     if tokens:
         read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
     structure = model_doc.get("structure") or {}
+    blocks_see = _block_tokens(rank0, int(structure.get("hidden_size") or 0)) if structure else None
+    if tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
+        # a script that feeds s + 1 ids and shifts them itself (inputs ids[:, :-1], targets ids[:, 1:]) runs its
+        # blocks over s positions: the blocks' sequence is the one that costs time and memory
+        tokens = blocks_see
+        read.append(f"the blocks run over {tokens[1]} positions (the first block's input)")
     if tokens is None and structure:  # no token ids seen (a ViT's images, embeddings passed in): the first block's
         tokens = _block_tokens(rank0, int(structure.get("hidden_size") or 0))
         if tokens:
