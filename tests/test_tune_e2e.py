@@ -231,6 +231,8 @@ def test_a_vision_transformer_script_is_read_from_its_blocks(tmp_path: Path) -> 
     # rank 0 timed the device's matmul pace before the first step (fp32 on this CPU: tens to hundreds of GFLOP/s)
     assert profiled.device_matmul is not None and profiled.device_matmul[:2] == ("fp32", 2048)
     assert 1e9 < profiled.device_matmul[2] < 1e13
+    # and a 64 MiB tensor copy (this CPU: 12-35 GB/s read + write)
+    assert profiled.device_copy_bytes_per_s is not None and 1e9 < profiled.device_copy_bytes_per_s < 1e12
 
 
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:

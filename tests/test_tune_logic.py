@@ -454,3 +454,22 @@ def test_the_devices_matmul_pace_today_rescales_the_calibrated_gemm_rate() -> No
     none = replace(settings, device_matmul=("fp32", 2048, 1e11), profile=Path(NO_PROFILE))
     uncalibrated = _load_profile(none, lambda _: None)
     assert _paced(uncalibrated, none, lines.append) == uncalibrated
+
+
+def test_the_devices_copy_pace_today_rescales_the_memory_bound_kernels() -> None:
+    # The shipped CPU profile's memory microbenchmark copied at 35.27 GB/s (read + write, 2026-11-23, an AMD EPYC
+    # host); a profiling run that copies at a third of that makes the memory-bound kernels a third as fast and
+    # leaves the GEMMs alone (on 2026-11-25 this VM, moved to an Intel Xeon host, copied at 12.2 GB/s)
+    from dataclasses import replace
+    from zerotune.validate.tune import NO_PROFILE, _load_profile, _paced
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "m", "cpu", 2)
+    lines: list[str] = []
+    model = _load_profile(settings, lambda _: None)
+    assert model.calibration_copy_bytes_per_s == pytest.approx(35.27e9, rel=0.001)
+    paced = _paced(model, replace(settings, device_copy_bytes_per_s=35.27e9 / 3), lines.append)
+    ratio = paced.efficiency.memory_bandwidth_efficiency / model.efficiency.memory_bandwidth_efficiency
+    assert ratio == pytest.approx(1 / 3, rel=0.01) and "GB/s" in lines[0]
+    assert paced.efficiency.gemm_efficiency_scale == model.efficiency.gemm_efficiency_scale
+    none = replace(settings, device_copy_bytes_per_s=1e10, profile=Path(NO_PROFILE))
+    uncalibrated = _load_profile(none, lambda _: None)
+    assert _paced(uncalibrated, none, lines.append) == uncalibrated

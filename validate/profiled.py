@@ -70,6 +70,8 @@ class ProfiledRun:
     model knows (e.g. an 8-bit or Lion optimizer) or not recorded."""
     matmul: MatmulPace | None = None
     """The square matmul rank 0 timed before the first step; None when not timed."""
+    copy_bytes_per_s: float | None = None
+    """The tensor copy rank 0 timed before the first step (read + write bytes per second); None when not timed."""
 
 
 def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
@@ -235,13 +237,18 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
                        int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
-                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")))
+                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")))
 
 
 def _matmul(doc: Any) -> MatmulPace | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("flops_per_s"), (int, float)) or doc["flops_per_s"] <= 0:
         return None
     return MatmulPace(str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"]))
+
+
+def _copy(doc: Any) -> float | None:
+    rate = doc.get("bytes_per_s") if isinstance(doc, dict) else None
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
 
 
 def _optimizer_impl(doc: Any, read: list[str], assumed: list[str]) -> OptimizerImpl | None:

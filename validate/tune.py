@@ -110,6 +110,9 @@ class TuneSettings:
     device_matmul: MatmulPace | None = None
     """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
     against the calibration profile's microbenchmark of the same shape (_paced)."""
+    device_copy_bytes_per_s: float | None = None
+    """The tensor copy the profiling run timed (ProfiledRun.copy_bytes_per_s), against the calibration's memory
+    microbenchmark (_paced)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ class _Model:
     uncertainty: Uncertainty
     calibration_matmul_flops_per_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
     """The calibration's microbenchmark FLOP/s of square matmuls by (dtype, edge); empty when uncalibrated."""
+    calibration_copy_bytes_per_s: float | None = None
+    """The calibration's memory microbenchmark (tensor copy, read + write); None when uncalibrated."""
 
 
 def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
@@ -161,7 +166,10 @@ def _load_profile(settings: TuneSettings, log: Callable[[str], None] = print) ->
     profile = _resolve_profile(settings.hardware, settings.profile, log)
     if profile is None:
         return _Model(Efficiency(), Uncertainty())
-    return _Model(profile.efficiency, profile.uncertainty.bands(), _square_matmuls(profile))
+    micro = profile.environment.get("microbenchmarks") or {}
+    copy = micro.get("memory_bandwidth_bytes_per_s")
+    return _Model(profile.efficiency, profile.uncertainty.bands(), _square_matmuls(profile),
+                  float(copy) if isinstance(copy, (int, float)) and copy > 0 else None)
 
 
 def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[str], None] = lambda _: None
@@ -212,21 +220,31 @@ MAX_PACE_RATIO = 4.0
 
 
 def _paced(model: "_Model", settings: TuneSettings, log: Callable[[str], None]) -> "_Model":
-    """The model with its GEMM rate scaled by the device's matmul pace now over the calibration's: a calibration
-    holds for the machine as it ran that day, and a shared machine's pace moves (this CPU VM's single-thread fp32
-    matmul: 95 GFLOP/s in the shipped profile's microbenchmark on 2026-11-23, 153 on 2026-11-25). Only the GEMMs
-    are rescaled; the profiling run's own measurement corrects the rest."""
-    if settings.device_matmul is None:
-        return model
-    dtype, edge, now = settings.device_matmul
-    then = model.calibration_matmul_flops_per_s.get((dtype, edge))
-    if not then or not now > 0:
-        return model
-    ratio = min(max(now / then, 1.0 / MAX_PACE_RATIO), MAX_PACE_RATIO)
-    log(f"zerotune tune: a {edge}^3 {dtype} matmul ran at {now / 1e9:.4g} GFLOP/s in the profiling run against "
-        f"{then / 1e9:.4g} in the calibration: GEMMs predicted x{ratio:.3g} as fast")
+    """The model with its GEMM rate scaled by the device's matmul pace now over the calibration's, and its memory
+    bandwidth by its copy pace: a calibration holds for the machine as it ran that day, and a shared machine's
+    pace moves (this CPU VM's single-thread fp32 matmul: 95 GFLOP/s in the shipped profile's microbenchmark on
+    2026-11-23, 153-172 on 2026-11-25; its tensor copy 35 GB/s then, 12 now: the VM had moved from an AMD EPYC host
+    to an Intel Xeon one). Each is clipped at MAX_PACE_RATIO; the profiling run's own measurement corrects the rest."""
     eff = model.efficiency
-    return replace(model, efficiency=replace(eff, gemm_efficiency_scale=eff.gemm_efficiency_scale * ratio))
+    if settings.device_matmul is not None:
+        dtype, edge, now = settings.device_matmul
+        then = model.calibration_matmul_flops_per_s.get((dtype, edge))
+        if then and now > 0:
+            ratio = _clip_pace(now / then)
+            log(f"zerotune tune: a {edge}^3 {dtype} matmul ran at {now / 1e9:.4g} GFLOP/s in the profiling run against "
+                f"{then / 1e9:.4g} in the calibration: GEMMs predicted x{ratio:.3g} as fast")
+            eff = replace(eff, gemm_efficiency_scale=eff.gemm_efficiency_scale * ratio)
+    now_copy, then_copy = settings.device_copy_bytes_per_s, model.calibration_copy_bytes_per_s
+    if now_copy and then_copy:
+        ratio = _clip_pace(now_copy / then_copy)
+        log(f"zerotune tune: a tensor copy ran at {now_copy / 1e9:.3g} GB/s in the profiling run against "
+            f"{then_copy / 1e9:.3g} in the calibration: memory-bound kernels predicted x{ratio:.3g} as fast")
+        eff = replace(eff, memory_bandwidth_efficiency=eff.memory_bandwidth_efficiency * ratio)
+    return replace(model, efficiency=eff)
+
+
+def _clip_pace(ratio: float) -> float:
+    return min(max(ratio, 1.0 / MAX_PACE_RATIO), MAX_PACE_RATIO)
 
 
 # -- predictions and measurements ---------------------------------------------------------------------
@@ -651,6 +669,8 @@ class ProfileOutcome:
     """The script's optimizer as the run read it (ProfiledRun.optimizer_impl)."""
     device_matmul: MatmulPace | None = None
     """The device's matmul pace the run timed (TuneSettings.device_matmul)."""
+    device_copy_bytes_per_s: float | None = None
+    """The device's copy pace the run timed (TuneSettings.device_copy_bytes_per_s)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -707,7 +727,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul)
+    return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
+                          profiled.copy_bytes_per_s)
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -719,7 +740,8 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         if not settings.model:
             profiled = profile_model(settings, launcher)
             settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len,
-                               optimizer_impl=profiled.optimizer_impl, device_matmul=profiled.device_matmul)
+                               optimizer_impl=profiled.optimizer_impl, device_matmul=profiled.device_matmul,
+                               device_copy_bytes_per_s=profiled.device_copy_bytes_per_s)
             initial = (profiled.measurement,) if profiled.measurement else ()
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:

@@ -10,7 +10,8 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   forward (saved-tensor hooks), calls to scaled_dot_product_attention and their dropout, wall seconds per
   optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
   max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings); rank 0
-  also times one matmul before the first step (the device's pace today, against the calibration's).
+  also times one matmul and one tensor copy before the first step (the device's pace today, against the
+  calibration's).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
 """
@@ -31,6 +32,7 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
+COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -234,6 +236,27 @@ def _matmul_rate(engine: Any) -> dict[str, Any]:
     return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / min(times)}
 
 
+def _copy_rate() -> dict[str, Any]:
+    """This device's memory pace now: a COPY_BYTES tensor copy, counting the read and the write (as the calibration's
+    microbenchmark does, calibrate/microbench.py memory_bandwidth_bytes_per_s). A VM that moved to another host can
+    run its matmuls faster and its memory-bound kernels slower than on the day it was calibrated (this one: fp32
+    matmul 95 -> 155 GFLOP/s, copy 35 -> 12 GB/s)."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=acc.device_name()).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    acc.synchronize()
+    times = []
+    for _ in range(3 if acc.device_name() == "cpu" else 20):
+        start = time.perf_counter()
+        dst.copy_(src)
+        acc.synchronize()
+        times.append(time.perf_counter() - start)
+    return {"bytes": COPY_BYTES, "bytes_per_s": 2.0 * COPY_BYTES / min(times)}
+
+
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0,
@@ -253,6 +276,10 @@ def _attach(engine: Any) -> None:
             state["matmul"] = _matmul_rate(engine)
         except Exception as exc:  # noqa: BLE001 - a failed speed check loses the check, never the user's run
             state["matmul"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            state["copy"] = _copy_rate()
+        except Exception as exc:  # noqa: BLE001 - as above
+            state["copy"] = {"error": f"{type(exc).__name__}: {exc}"}
         _write(f"{_OUT}.model.json", doc)
     from deepspeed.accelerator import get_accelerator
     state["peak_memory_kind"] = ("peak RSS of the rank's process (getrusage)" if get_accelerator().device_name() == "cpu"
