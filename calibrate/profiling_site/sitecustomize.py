@@ -33,6 +33,7 @@ _HERE = Path(__file__).resolve().parent
 _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
+MIN_BATCH_S, MAX_REPS = 0.02, 1024  # as calibrate/microbench.py times its calls
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -212,6 +213,32 @@ MATMUL_SIZE = 2048
 (calibrate/microbench.py), so the rate compares with the calibration profile's."""
 
 
+def _per_call_s(fn: Any, sync: Any) -> float:
+    """Seconds per call as the calibration's microbenchmarks time them (calibrate/microbench.py _time_s): calls
+    repeated between synchronisations until a batch lasts MIN_BATCH_S, the fastest of three batches. One call per
+    synchronisation would count the synchronisation too: a 2048^3 bf16 matmul on an H100 takes about 25 us, what a
+    synchronisation costs."""
+    fn()
+    sync()
+    reps = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        if time.perf_counter() - start >= MIN_BATCH_S or reps >= MAX_REPS:
+            break
+        reps *= 2
+    batches = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync()
+        batches.append((time.perf_counter() - start) / reps)
+    return min(batches)
+
+
 def _matmul_rate(engine: Any) -> dict[str, Any]:
     """This device's matmul FLOP/s now, in the engine's compute dtype (the calibration may be from a day the
     machine ran at another pace: a shared CPU VM's single-thread fp32 rate read 95 and 153 GFLOP/s two days
@@ -225,15 +252,8 @@ def _matmul_rate(engine: Any) -> dict[str, Any]:
     n = MATMUL_SIZE
     a = torch.randn(n, n, dtype=dtype, device=acc.device_name())
     b = torch.randn(n, n, dtype=dtype, device=acc.device_name())
-    a @ b
-    acc.synchronize()
-    times = []
-    for _ in range(3 if acc.device_name() == "cpu" else 20):
-        start = time.perf_counter()
-        a @ b
-        acc.synchronize()
-        times.append(time.perf_counter() - start)
-    return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / min(times)}
+    seconds = _per_call_s(lambda: a @ b, acc.synchronize)
+    return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / seconds}
 
 
 def _copy_rate() -> dict[str, Any]:
@@ -246,15 +266,8 @@ def _copy_rate() -> dict[str, Any]:
     acc = get_accelerator()
     src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=acc.device_name()).fill_(1.0)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    acc.synchronize()
-    times = []
-    for _ in range(3 if acc.device_name() == "cpu" else 20):
-        start = time.perf_counter()
-        dst.copy_(src)
-        acc.synchronize()
-        times.append(time.perf_counter() - start)
-    return {"bytes": COPY_BYTES, "bytes_per_s": 2.0 * COPY_BYTES / min(times)}
+    seconds = _per_call_s(lambda: dst.copy_(src), acc.synchronize)
+    return {"bytes": COPY_BYTES, "bytes_per_s": 2.0 * COPY_BYTES / seconds}
 
 
 def _attach(engine: Any) -> None:
