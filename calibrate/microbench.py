@@ -33,15 +33,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from zerotune.calibrate.timing import MAX_REPS, MIN_BATCH_S, NUM_BATCHES, per_call_s
+
 __all__ = ["run_microbenchmarks", "matmul_sweep", "collective_sweep", "memory_bandwidth_bytes_per_s",
            "host_to_device_bytes_per_s", "bus_bandwidth_bytes_per_s", "matmul_shapes", "collective_sizes_bytes",
            "main"]
 
 MIB = 1024**2
-MIN_BATCH_S = 0.02
-"""A timed batch repeats the operation until it lasts this long, so timer and launch overheads stay small."""
-NUM_BATCHES = 5
-"""Batches per measurement; the median is kept (other jobs share the machine)."""
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 
 
@@ -66,29 +64,6 @@ def bus_bandwidth_bytes_per_s(op: str, num_bytes: float, seconds: float, num_ran
     return num_bytes / seconds * factor
 
 
-def _time_s(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
-    """Seconds per call: batches of repeated calls between synchronisations, median of NUM_BATCHES."""
-    fn()
-    sync()  # warm-up: kernel selection, allocator
-    reps = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        if time.perf_counter() - start >= MIN_BATCH_S or reps >= 1024:
-            break
-        reps *= 2
-    batches = []
-    for _ in range(NUM_BATCHES):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        batches.append((time.perf_counter() - start) / reps)
-    return statistics.median(batches)
-
-
 def _dtypes() -> dict[str, Any]:
     """The precisions this accelerator supports, as torch dtypes."""
     import torch
@@ -110,7 +85,7 @@ def matmul_sweep(quick: bool = False) -> list[dict[str, Any]]:
         for m, n, k in matmul_shapes(quick):
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            seconds = _time_s(lambda: torch.matmul(a, b), acc.synchronize)
+            seconds = per_call_s(lambda: torch.matmul(a, b), acc.synchronize)
             out.append({"m": m, "n": n, "k": k, "dtype": name, "seconds": seconds,
                         "flops_per_s": 2.0 * m * n * k / seconds})
     return out
@@ -124,7 +99,7 @@ def memory_bandwidth_bytes_per_s(quick: bool = False) -> float:
     num_bytes = (64 if quick else 512) * MIB
     src = torch.empty(num_bytes // 4, dtype=torch.float32, device=acc.current_device_name()).fill_(1.0)
     dst = torch.empty_like(src)
-    return 2 * num_bytes / _time_s(lambda: dst.copy_(src), acc.synchronize)
+    return 2 * num_bytes / per_call_s(lambda: dst.copy_(src), acc.synchronize)
 
 
 def host_to_device_bytes_per_s(quick: bool = False) -> float:
@@ -136,7 +111,7 @@ def host_to_device_bytes_per_s(quick: bool = False) -> float:
     num_bytes = (64 if quick else 512) * MIB
     src = acc.pin_memory(torch.empty(num_bytes // 4, dtype=torch.float32).fill_(1.0))
     dst = torch.empty(num_bytes // 4, dtype=torch.float32, device=acc.current_device_name())
-    return num_bytes / _time_s(lambda: dst.copy_(src, non_blocking=True), acc.synchronize)
+    return num_bytes / per_call_s(lambda: dst.copy_(src, non_blocking=True), acc.synchronize)
 
 
 def _agreed_s(seconds: float) -> float:
@@ -160,7 +135,7 @@ def _time_collective_s(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     sync()
-    reps = max(1, min(1024, int(MIN_BATCH_S / max(_agreed_s(time.perf_counter() - start), 1e-9))))
+    reps = max(1, min(MAX_REPS, int(MIN_BATCH_S / max(_agreed_s(time.perf_counter() - start), 1e-9))))
     batches = []
     for _ in range(NUM_BATCHES):
         dist.barrier()

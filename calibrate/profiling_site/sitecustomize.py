@@ -33,7 +33,6 @@ _HERE = Path(__file__).resolve().parent
 _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
-MIN_BATCH_S, MAX_REPS = 0.02, 1024  # as calibrate/microbench.py times its calls
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -43,11 +42,21 @@ def _write(path: str, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _inspect_module() -> Any:
-    spec = importlib.util.spec_from_file_location("_zerotune_inspect_model", _HERE.parent / "inspect_model.py")
+def _by_path(name: str) -> Any:
+    """A calibrate/ module loaded from its file, under a private name (no zerotune package enters the process)."""
+    spec = importlib.util.spec_from_file_location(f"_zerotune_{name}", _HERE.parent / f"{name}.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
+
+
+def _inspect_module() -> Any:
+    return _by_path("inspect_model")
+
+
+def _timing_module() -> Any:
+    """calibrate/timing.py: the pace checks time as the calibration's microbenchmarks do."""
+    return _by_path("timing")
 
 
 def _peak_memory_bytes() -> float:
@@ -213,32 +222,6 @@ MATMUL_SIZE = 2048
 (calibrate/microbench.py), so the rate compares with the calibration profile's."""
 
 
-def _per_call_s(fn: Any, sync: Any) -> float:
-    """Seconds per call as the calibration's microbenchmarks time them (calibrate/microbench.py _time_s): calls
-    repeated between synchronisations until a batch lasts MIN_BATCH_S, the fastest of three batches. One call per
-    synchronisation would count the synchronisation too: a 2048^3 bf16 matmul on an H100 takes about 25 us, what a
-    synchronisation costs."""
-    fn()
-    sync()
-    reps = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        if time.perf_counter() - start >= MIN_BATCH_S or reps >= MAX_REPS:
-            break
-        reps *= 2
-    batches = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        sync()
-        batches.append((time.perf_counter() - start) / reps)
-    return min(batches)
-
-
 def _matmul_rate(engine: Any) -> dict[str, Any]:
     """This device's matmul FLOP/s now, in the engine's compute dtype (the calibration may be from a day the
     machine ran at another pace: a shared CPU VM's single-thread fp32 rate read 95 and 153 GFLOP/s two days
@@ -252,7 +235,7 @@ def _matmul_rate(engine: Any) -> dict[str, Any]:
     n = MATMUL_SIZE
     a = torch.randn(n, n, dtype=dtype, device=acc.device_name())
     b = torch.randn(n, n, dtype=dtype, device=acc.device_name())
-    seconds = _per_call_s(lambda: a @ b, acc.synchronize)
+    seconds = _timing_module().per_call_s(lambda: a @ b, acc.synchronize)
     return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / seconds}
 
 
@@ -266,7 +249,7 @@ def _copy_rate() -> dict[str, Any]:
     acc = get_accelerator()
     src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=acc.device_name()).fill_(1.0)
     dst = torch.empty_like(src)
-    seconds = _per_call_s(lambda: dst.copy_(src), acc.synchronize)
+    seconds = _timing_module().per_call_s(lambda: dst.copy_(src), acc.synchronize)
     return {"bytes": COPY_BYTES, "bytes_per_s": 2.0 * COPY_BYTES / seconds}
 
 
