@@ -222,13 +222,18 @@ class ModelSpec:
     @cached_property
     def num_trainable_params(self) -> int:
         """Parameters with gradients, master copies and optimizer states: all but the frozen ones."""
-        frozen = (self.num_layers * min(self.frozen_layer_params, self.num_layer_params)
-                  + min(self.frozen_outer_params, self.num_outer_params))
-        return self.num_params - frozen
+        return (self.num_layers * self.num_trained_layer_params + self.num_trained_outer_params
+                + self.adapter_params)
 
     @property
-    def frozen(self) -> bool:
-        return bool(self.frozen_layer_params or self.frozen_outer_params)
+    def num_trained_layer_params(self) -> int:
+        """Parameters of one block that train (frozen_layer_params clipped to the block)."""
+        return self.num_layer_params - min(self.frozen_layer_params, self.num_layer_params)
+
+    @property
+    def num_trained_outer_params(self) -> int:
+        """Parameters outside the blocks that train (frozen_outer_params clipped to them)."""
+        return self.num_outer_params - min(self.frozen_outer_params, self.num_outer_params)
 
     @cached_property
     def num_trainable_tensors(self) -> int:
@@ -241,14 +246,13 @@ class ModelSpec:
     @property
     def layer_weight_grad_share(self) -> float:
         """Share of a block's weights whose gradient GEMM runs (1 unless frozen)."""
-        return 1.0 - min(self.frozen_layer_params, self.num_layer_params) / self.num_layer_params
+        return self.num_trained_layer_params / self.num_layer_params
 
     @property
     def outer_weight_grad_share(self) -> float:
         """Share of the parameters outside the blocks (embeddings, head) that train: the logits' weight-gradient
         GEMM runs only if the head (or the embedding tied to it) trains."""
-        outer = self.num_outer_params
-        return 1.0 - min(self.frozen_outer_params, outer) / outer if outer else 1.0
+        return self.num_trained_outer_params / self.num_outer_params if self.num_outer_params else 1.0
 
     @cached_property
     def num_outer_params(self) -> int:

@@ -72,8 +72,8 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     num_layers = parts.layers
     layer_params = m.num_layer_params / cfg.mp_size
     # gathered: every parameter; reduced: the trainable ones (ModelSpec.frozen_layer_params), adapters in the blocks
-    trained_layer_params = (layer_params * m.layer_weight_grad_share + m.adapter_params / m.num_layers / cfg.mp_size)
-    trained_outer_params = m.num_outer_params / cfg.mp_size * m.outer_weight_grad_share
+    trained_layer_params = (m.num_trained_layer_params + m.adapter_params / m.num_layers) / cfg.mp_size
+    trained_outer_params = m.num_trained_outer_params / cfg.mp_size
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
     trace = zero3_trace(m, cfg)

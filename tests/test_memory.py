@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from zerotune.predictor import DSConfig, Efficiency, ZeroConfig, estimate_memory
 from zerotune.predictor.catalog import load_hardware, load_model
 from zerotune.predictor.activations import checkpoint_bytes_per_layer, layer_activation_bytes
 from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
+from zerotune.predictor.job import Job
 from zerotune.predictor.memory import TERMS, model_states, state_bytes
 from zerotune.predictor.ops import device_rates, gemm_s, layer_times
 from zerotune.predictor.model import ModelSpec
@@ -190,13 +193,13 @@ def test_a_classification_head_holds_no_vocabulary_logits() -> None:
     assert mem.breakdown_bytes["logits"] == 0.0 and mem.fits
 
 
-def _lora(job, rank: int = 8):  # type: ignore[no-untyped-def]
+def _lora(job: Job, rank: int = 8) -> tuple[Job, int]:
     """The job's model frozen whole, with rank-`rank` adapters on two h x h maps a block (LoRA on q and v)."""
     m = job.model
     adapters = m.num_layers * 2 * 2 * rank * m.hidden_size
     model = m.replace(frozen_layer_params=m.num_layer_params, frozen_outer_params=m.num_outer_params,
                       adapter_params=adapters, num_adapter_tensors=4 * m.num_layers)
-    return type(job)(model, job.cluster, job.seq_len), adapters
+    return dataclasses.replace(job, model=model), adapters
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
