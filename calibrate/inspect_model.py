@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["describe", "find_blocks", "HEAD_DIM_ASSUMED"]
+__all__ = ["describe", "find_blocks", "readable", "HEAD_DIM_ASSUMED", "HF_WIDTH_KEYS"]
 
 ADAPTER_PREFIXES = ("lora_", "ia3_", "hada_", "lokr_", "oft_", "boft_", "vera_")
 """Name prefixes of parameter-efficient adapters' modules and parameters: peft's tuner layers (the `prefix` of
@@ -57,12 +57,12 @@ def _params(module: nn.Module) -> int:
 
 def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
     """(name, container) of the repeated transformer block: the nn.ModuleList of one class with the most
-    parameters, or an nn.Sequential of at least two modules of one class with linear layers inside them (timm's
-    VisionTransformer.blocks, many users' own models)."""
+    parameters, or an nn.Sequential of at least two modules of one class, each with linear layers inside it (timm's
+    VisionTransformer.blocks, many users' own models); a list of bare nn.Linear layers is not one."""
     best: tuple[int, str, nn.Module] | None = None
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList):
-            if len(mod) < 1:
+            if len(mod) < 1 or not any(True for _ in mod[0].children()):  # a list of bare linears is no block
                 continue
         elif not isinstance(mod, nn.Sequential) or len(mod) < 2 or not any(True for _ in mod[0].children()):
             continue
@@ -297,9 +297,26 @@ def _checkpointing(model: nn.Module) -> bool:
     return bool(getattr(model, attr, False)) if attr else False
 
 
+def _weight_layers(model: nn.Module) -> int:
+    """Modules whose own weight is a matrix or a kernel (linear, convolution), embeddings left out: the layers a
+    model without a repeated block runs its GEMMs in."""
+    return sum(1 for m in model.modules() if not isinstance(m, nn.Embedding)
+               and isinstance(getattr(m, "weight", None), torch.Tensor) and len(_shape(m.weight)) >= 2)
+
+
+HF_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
+"""A Hugging Face config with one of these describes a transformer zerotune.predictor.catalog can build."""
+
+
+def readable(doc: dict[str, Any]) -> bool:
+    """Whether describe's output describes a transformer: its structure was read, or its config has a width."""
+    return bool(doc.get("structure")) or any((doc.get("hf_config") or {}).get(k) for k in HF_WIDTH_KEYS)
+
+
 def describe(model: nn.Module) -> dict[str, Any]:
     """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'num_params',
-    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing'}; 'structure' is None when it cannot be read."""
+    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing', 'weight_layers'}; 'structure' is None when it
+    cannot be read."""
     notes: dict[str, list[str]] = {"read": [], "assumed": []}
     out: dict[str, Any] = {"hf_config": _hf_config(model), "structure": None, "error": ""}
     try:
@@ -312,5 +329,5 @@ def describe(model: nn.Module) -> dict[str, Any]:
     out["training"] = _training(model, found[1] if found is not None else None)
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
-               gradient_checkpointing=_checkpointing(model))
+               gradient_checkpointing=_checkpointing(model), weight_layers=_weight_layers(model))
     return out

@@ -106,6 +106,79 @@ def test_an_unreadable_model_says_so_in_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(err.value)
 
 
+def _conv_net_forward_flops_per_sample() -> float:
+    """The fixture's forward FLOPs per image by hand (tests/fixtures/scripts/cnn_classifier.py): each 3 x 3
+    convolution 2 x C_in x C_out x 9 per output pixel (32 x 32 for the first two, then 16 x 16, 8 x 8 after each
+    pooling), each linear 2 x in x out."""
+    cnn = _script("cnn_classifier")
+    pixels = (32 * 32, 32 * 32, 16 * 16, 8 * 8)
+    convs = sum(2 * a * b * 9 * p for (a, b), p in zip(zip(cnn.CHANNELS, cnn.CHANNELS[1:]), pixels))
+    return convs + sum(2 * a * b for a, b in zip(cnn.FC, cnn.FC[1:]))
+
+
+def test_a_model_without_transformer_blocks_is_described_by_a_stand_in_of_its_measured_costs(tmp_path: Path) -> None:
+    """A CNN: no repeated block, no config. The profiling site measured its forward FLOPs and the bytes it kept for
+    backward (given here as the site would write them); the stand-in holds the same parameters, runs the same
+    GEMM FLOPs per sample and keeps the same bytes."""
+    from zerotune.predictor.activations import layer_activation_bytes
+    from zerotune.predictor.flops import layer_forward_flops
+    net = _script("cnn_classifier").ConvNet()
+    flops, saved, batch = 4 * _conv_net_forward_flops_per_sample(), 4 * 2.9e6, 4
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, net, [{"name": "", "shape": [4, 3, 32, 32], "dtype": "float32"}], stand_in=True,
+                   model_forward_flops=flops, model_saved_bytes=saved, train_micro_batch_size_per_gpu=batch)
+    run = read_profiled(prefix, "cnn", 2)
+    spec, counted = run.model, sum(p.numel() for p in net.parameters())
+    assert run.num_params == counted and abs(spec.num_params - counted) / counted < 1e-3
+    assert run.micro_batch == batch and run.seq_len == spec.max_position_embeddings
+    stand_in_flops = spec.num_layers * layer_forward_flops(spec, 1, run.seq_len)  # per sample
+    assert stand_in_flops == pytest.approx(flops / batch, rel=0.03)  # positions are whole: rounding only
+    kept = spec.num_layers * layer_activation_bytes(spec, batch, run.seq_len, 4)
+    assert kept == pytest.approx(saved, rel=1e-3)
+    assert any(r.startswith("no repeated transformer block") for r in run.read)
+    assert load_model(_yaml(tmp_path, run)).num_params == spec.num_params
+
+
+def _yaml(tmp_path: Path, run) -> Path:  # type: ignore[no-untyped-def]
+    path = tmp_path / "model_profiled.yaml"
+    path.write_text(model_yaml(run, "test"))
+    return path
+
+
+def test_the_site_counts_a_whole_models_forward_flops_and_saved_bytes_once() -> None:
+    """What the stand-in is built from, counted as the profiling site counts it in the user's process: the CNN
+    fixture's first forward FLOPs equal the hand count (torch's FlopCounterMode), later forwards are not counted,
+    and the whole model's saved bytes are at least its activations' outputs."""
+    spec = importlib.util.spec_from_file_location("zt_site_flops", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    net = _script("cnn_classifier").ConvNet()
+    state = {"model_saved_bytes": 0, "model_saved_calls": 0, "model_forward_flops": 0}
+    site._count_saved(net, net, state, "model")
+    site._count_flops(net, state)
+    images = torch.randn(3, 3, 32, 32)
+    net(images).sum().backward()
+    first = dict(state)
+    net(images).sum().backward()
+    assert state == first  # only the first forward is counted
+    assert first["model_forward_flops"] == 3 * _conv_net_forward_flops_per_sample()
+    # every ReLU output of the first convolution alone is 64 x 32 x 32 floats per image
+    assert first["model_saved_bytes"] > 3 * 64 * 32 * 32 * 4
+
+
+def test_a_model_without_transformer_blocks_and_no_measured_costs_says_so_in_one_line(tmp_path: Path) -> None:
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, _script("cnn_classifier").ConvNet(), [], stand_in=True)
+    with pytest.raises(ValueError, match="its forward's FLOPs and saved bytes were not measured") as err:
+        read_profiled(prefix, "cnn", 2)
+    assert "\n" not in str(err.value)
+
+
+def test_a_list_of_bare_linears_is_not_a_repeated_block() -> None:
+    from zerotune.calibrate.inspect_model import find_blocks
+    assert find_blocks(_script("cnn_classifier").ConvNet()) is None
+
+
 def test_profiling_env_puts_the_site_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/user/lib")
     env = profiling_env({"DS_ACCELERATOR": "cpu"}, Path("/r/profiled"))
@@ -196,7 +269,7 @@ def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_p
     module = _script("encoder_mlm")
     model = module.MaskedLM()
     state = {"block_saved_bytes": 0, "block_saved_calls": 0}
-    site._count_saved(model, model.encoder.layers[0], state)
+    site._count_saved(model, model.encoder.layers[0], state, "block")
     ids = torch.randint(5, module.VOCAB, (2, module.SEQ))
     model({"input_ids": ids, "labels": ids}).backward()
     saved = state["block_saved_bytes"]

@@ -327,3 +327,38 @@ def test_lora_finetune_script_is_read_with_what_trains(tmp_path: Path) -> None:
     assert (model.adapter_params, model.num_adapter_tensors) == (8 * 49_152, 32)
     assert model.frozen_outer_params == 10000 * 512 + 128 * 512 + 2 * 512
     assert model.num_trainable_params == 393_216 and model.num_params == 30_798_848
+
+
+def test_a_convolutional_script_is_tuned_through_a_stand_in_of_its_measured_costs(tmp_path: Path) -> None:
+    """DeepSpeedExamples' CIFAR style with a CNN (no transformer block to read): the real profiling run counts its
+    forward FLOPs and the bytes it keeps for backward, the stand-in model carries them and its parameter count, and
+    the tune runs and writes ds_config_optimal.json as for any script (no --model, no --seq_len)."""
+    from zerotune.predictor import load_model
+    from zerotune.validate.tune import run_tune
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import cnn_classifier
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    config = _script_config(tmp_path, [4, 8])
+    doc = json.loads(config.read_text())
+    doc["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}
+    config.write_text(json.dumps(doc))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--timeout_s", "400", "--explore", "none",
+                              "--top_k", "1", "--memory_cap_gib", "6", str(SCRIPTS / "cnn_classifier.py"),
+                              "--deepspeed", "--deepspeed_config", str(config), "--steps", "20"])
+    assert run_tune(args) == 0
+    results = tmp_path / "results"
+    model = load_model(results / "model_profiled.yaml")
+    counted = sum(p.numel() for p in cnn_classifier.ConvNet().parameters())
+    assert abs(model.num_params - counted) / counted < 1e-3
+    # forward FLOPs per image by hand: 3 x 3 convolutions over 32, 32, 16 and 8 pixels a side, then the linears
+    pixels = (32 * 32, 32 * 32, 16 * 16, 8 * 8)
+    chans = cnn_classifier.CHANNELS
+    per_image = sum(2 * a * b * 9 * p for (a, b), p in zip(zip(chans, chans[1:]), pixels)) + \
+        sum(2 * a * b for a, b in zip(cnn_classifier.FC, cnn_classifier.FC[1:]))
+    assert f"{per_image:.4g} forward FLOPs" in (results / "model_profiled.yaml").read_text()
+    assert len(read_jsonl(results / "measurements.jsonl")) == 1
+    assert json.loads((results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] in (4, 8)

@@ -197,6 +197,40 @@ def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[i
     return saved / formula
 
 
+def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, why: str, read: list[str],
+              assumed: list[str]) -> tuple[ModelSpec, tuple[int, int]]:
+    """A model with no repeated transformer block (a CNN, an RNN, an unusual architecture) described by what it
+    was measured to cost: a stack of MLP blocks (two GEMMs h -> f -> h, attention reduced to one head of width 1)
+    holding its parameter count, run over as many positions per sample as make its forward FLOPs (counted by
+    torch's FlopCounterMode in the first forward), keeping the bytes it kept for backward (activation_scale).
+    Parameters set what ZeRO partitions, reduces and updates; FLOPs and saved bytes set compute and activation
+    memory per sample. Returns the spec and (micro-batch, positions); LookupError when nothing was measured."""
+    flops, saved = float(rank0.get("model_forward_flops") or 0), float(rank0.get("model_saved_bytes") or 0)
+    batch, params = int(rank0.get("train_micro_batch_size_per_gpu") or 0), int(model_doc.get("num_params") or 0)
+    if not (flops and saved and batch and params):
+        raise LookupError(why)
+    layers = max(1, int(model_doc.get("weight_layers") or 2) // 2)
+    hidden = max(1, round(math.sqrt(params / (8 * layers))))
+    base = dict(name=name, num_layers=layers, hidden_size=hidden, num_heads=1, num_kv_heads=1, attention_head_dim=1,
+                vocab_size=0, max_position_embeddings=1, position_embedding="none", tied_embeddings=False,
+                dropout=False, attention="flash", head="none", final_norm=False)
+    per_ffn = 2 * hidden + 1  # fc1 h x f and its bias f, fc2 f x h
+    fixed = ModelSpec(ffn_hidden_size=1, **base).num_layer_params - per_ffn
+    ffn = max(1, round((params / layers - fixed) / per_ffn))
+    gemm_params = layers * (2 * hidden * ffn + 4 * hidden)  # the stand-in's GEMM weights per position
+    positions = max(1, round(flops / batch / (2 * gemm_params)))
+    spec = ModelSpec(ffn_hidden_size=ffn, **{**base, "max_position_embeddings": positions})
+    act_bytes = 2 if any(t in str(model_doc.get("dtype", "")) for t in ("bfloat16", "float16")) else 4
+    formula = layers * layer_activation_bytes(spec, batch, positions, act_bytes)
+    read.append(f"no repeated transformer block ({why}): described by a stand-in of what it was measured to cost: "
+                f"{params:,} parameters, {flops / batch:.4g} forward FLOPs and {saved / batch / 2**20:.3g} MiB kept "
+                f"for backward per sample (micro-batch {batch})")
+    assumed.append(f"the stand-in runs {layers} MLP blocks {hidden} -> {ffn} -> {hidden} over {positions} positions "
+                   f"per sample: its GEMM shapes, kernel count and memory-bound kernels are the stand-in's, not the "
+                   f"model's own layers'")
+    return spec.replace(activation_scale=round(saved / formula, 4)), (batch, positions)
+
+
 def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     """The profiling run's files read back; ValueError (one line) when the model's structure could not be read."""
     model_doc = _load(Path(f"{prefix}.model.json"))
@@ -222,12 +256,27 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     try:
         spec = _spec(model_doc, name, tokens[1] if tokens else None, read, assumed)
     except (LookupError, ValueError, TypeError) as exc:
-        raise ValueError(f"cannot read this model's structure ({exc})") from None
-    spec = _functional_head(spec, rank0, read)
-    spec = _training(spec, model_doc.get("training"), read)
-    spec = spec.replace(attention=_attention(rank0, read, assumed))
-    spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens, str(model_doc.get("dtype", "")),
-                                                                 read), 4))
+        if not rank0.get("stand_in"):  # the site measured a stand-in's costs only where nothing else describes it
+            raise ValueError(f"cannot read this model's structure ({exc})") from None
+        try:
+            spec, tokens = _stand_in(model_doc, rank0, name, str(exc), read, assumed)
+        except (LookupError, ValueError) as missing:
+            raise ValueError(f"cannot read this model's structure ({missing}), and its forward's FLOPs and saved "
+                             "bytes were not measured") from None
+        stand_in = True
+    else:
+        stand_in = False
+    if not stand_in:
+        spec = _functional_head(spec, rank0, read)
+    training = model_doc.get("training")
+    if stand_in and isinstance(training, dict):  # the stand-in is all blocks: what is frozen is frozen in them
+        training = {**training, "frozen_block_params": int(training.get("frozen_block_params") or 0)
+                    + int(training.get("frozen_outer_params") or 0), "frozen_outer_params": 0}
+    spec = _training(spec, training, read)
+    if not stand_in:
+        spec = spec.replace(attention=_attention(rank0, read, assumed))
+        spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens,
+                                                                     str(model_doc.get("dtype", "")), read), 4))
     per_step = int(rank0.get("forward_calls") or 0)
     recompute = per_step > 0 and int(rank0.get("block_calls") or 0) >= RECOMPUTED_CALLS * per_step
     if recompute:

@@ -7,7 +7,8 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
 - every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes and the
   first block's input shape (forward pre-hooks), forward calls of the first block per micro-step (2 when
   activation checkpointing recomputes it in backward), the bytes the first block keeps for backward in its first
-  forward (saved-tensor hooks), calls to scaled_dot_product_attention and their dropout, wall seconds per
+  forward (saved-tensor hooks; for a model without a repeated block, the whole model's, and its first forward's
+  FLOPs), calls to scaled_dot_product_attention and their dropout, wall seconds per
   optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
   max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings); rank 0
   also times one matmul and one tensor copy before the first step (the device's pace today, against the
@@ -98,7 +99,13 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
             if state.get("block_input") is None:
                 state["block_input"] = _shapes(args[:1], {})
         blocks[0].register_forward_pre_hook(count)
-        _count_saved(engine.module, blocks[0], state)
+        _count_saved(engine.module, blocks[0], state, "block")
+    else:  # no repeated block to read: what the whole model costs per sample stands in for its structure
+        _count_saved(engine.module, engine.module, state, "model")
+        try:
+            _count_flops(engine.module, state)
+        except Exception as exc:  # noqa: BLE001 - a torch without the counter loses the count, not the run
+            state["model_forward_flops_error"] = f"{type(exc).__name__}: {exc}"
     sdpa = F.scaled_dot_product_attention
 
     @functools.wraps(sdpa)
@@ -152,9 +159,10 @@ def _watch_embedding_projection(module: Any, state: dict[str, Any]) -> None:
     handle = module.register_forward_hook(restore)
 
 
-def _count_saved(module: Any, block: Any, state: dict[str, Any]) -> None:
-    """Bytes the first block keeps for backward in its first forward with gradients: every tensor autograd saves
-    (torch.autograd.graph.saved_tensors_hooks), each storage once, parameters (and views of them) left out."""
+def _count_saved(module: Any, block: Any, state: dict[str, Any], scope: str) -> None:
+    """Bytes `block` (the first block, or the whole module: scope 'block' or 'model') keeps for backward in its
+    first forward with gradients: every tensor autograd saves (torch.autograd.graph.saved_tensors_hooks), each
+    storage once, parameters (and views of them) left out."""
     import torch
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: set[int] = set()
@@ -167,13 +175,13 @@ def _count_saved(module: Any, block: Any, state: dict[str, Any]) -> None:
             key, size = id(tensor), tensor.numel() * tensor.element_size()
         if key not in params and key not in seen:
             seen.add(key)
-            state["block_saved_bytes"] += size
+            state[f"{scope}_saved_bytes"] += size
         return tensor
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
     active: list[bool] = []
 
     def enter(*_: Any) -> None:
-        if not active and state["block_saved_calls"] == 0 and torch.is_grad_enabled():
+        if not active and state[f"{scope}_saved_calls"] == 0 and torch.is_grad_enabled():
             hooks.__enter__()
             active.append(True)
 
@@ -181,9 +189,32 @@ def _count_saved(module: Any, block: Any, state: dict[str, Any]) -> None:
         if active:
             hooks.__exit__(None, None, None)
             active.clear()
-            state["block_saved_calls"] = 1
+            state[f"{scope}_saved_calls"] = 1
     block.register_forward_pre_hook(enter)
     block.register_forward_hook(leave)
+
+
+def _count_flops(module: Any, state: dict[str, Any]) -> None:
+    """FLOPs of the module's first forward with gradients (torch.utils.flop_counter.FlopCounterMode: matmuls and
+    convolutions by their shapes), with the batch it ran; the counter is left after that forward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    active: list[bool] = []
+
+    def enter(_module: Any, args: tuple[Any, ...]) -> None:
+        if not active and not state["model_forward_flops"] and torch.is_grad_enabled():
+            counter.__enter__()
+            active.append(True)
+
+    def leave(*_: Any) -> None:
+        if active:
+            counter.__exit__(None, None, None)
+            active.clear()
+            state["model_forward_flops"] = int(counter.get_total_flops())
+            for handle in handles:
+                handle.remove()
+    handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
 
 
 def _wrap_step(engine: Any, state: dict[str, Any], path: str) -> None:
@@ -257,12 +288,14 @@ def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0,
                              "sdpa_calls": 0,
-                             "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "step_s": [],
+                             "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
+                             "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
                              "step_start": 0.0, "peak_memory_bytes": None,
                              "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1)),
                              "optimizer": _optimizer(engine)}
     inspect = _inspect_module()
     blocks = inspect.find_blocks(engine.module)
+    doc: dict[str, Any] = {}
     if rank == 0:
         try:
             doc = inspect.describe(engine.module)
@@ -280,6 +313,8 @@ def _attach(engine: Any) -> None:
     from deepspeed.accelerator import get_accelerator
     state["peak_memory_kind"] = ("peak RSS of the rank's process (getrusage)" if get_accelerator().device_name() == "cpu"
                                  else "max_memory_allocated")
+    if rank == 0 and not inspect.readable(doc):  # what the model costs stands in for what could not be read
+        blocks, state["stand_in"] = None, True
     _hooks(engine, state, blocks[1] if blocks else None)
     _wrap_step(engine, state, f"{_OUT}.rank{rank}.json")
 
