@@ -264,9 +264,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHOWN: set[str] = set()
+"""Warnings already printed: the ds_config is parsed once per space, variant and experiment, and each parse may
+warn the same thing (an "auto" precision); the user reads it once."""
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
-    print(f"zerotune: warning: {message}", file=sys.stderr)
+    text = f"zerotune: warning: {message}"
+    if text not in _SHOWN:
+        _SHOWN.add(text)
+        print(text, file=sys.stderr)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -95,3 +95,14 @@ def test_unknown_top_level_key_warns_and_still_predicts(tmp_path: Path) -> None:
     out = zerotune("predict", "--deepspeed", _bad_ds_config(tmp_path, '{"steps_per_prnt": 10}'))
     assert out.returncode == 0
     assert "warning" in out.stderr and "steps_per_print" in out.stderr
+
+
+def test_a_warning_is_printed_once_however_often_the_ds_config_is_parsed(tmp_path: Path) -> None:
+    """A Hugging Face Trainer's ds_config ("auto" precision) is parsed for the space and for every variant; the user
+    reads its warning once."""
+    doc = {"train_micro_batch_size_per_gpu": [1, 2], "zero_optimization": {"stage": [1, 2, 3]},
+           "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}
+    out = zerotune("predict", "--rank", "--deepspeed", _bad_ds_config(tmp_path, json.dumps(doc)))
+    assert out.returncode == 0, out.stderr
+    for name in ("fp16", "bf16"):
+        assert out.stderr.count(f'ds_config {name}.enabled is "auto"') == 1
