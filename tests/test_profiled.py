@@ -490,3 +490,21 @@ def test_hugging_face_model_wrapped_by_peft_is_read() -> None:
     assert doc["hf_config"]["hidden_size"] == 128 and doc["structure"]["ffn_hidden_size"] == 352
     # q: 4 x (128 + 128), v: 4 x (128 + 64) a layer
     assert doc["training"]["adapter_params"] == 3 * 4 * (256 + 192) == doc["training"]["trainable_params"]
+
+
+def test_an_encoder_decoder_runs_its_one_stack_at_the_layer_weighted_mean_of_its_two_sequences(tmp_path: Path) -> None:
+    """T5 (Hugging Face's seq2seq examples under DeepSpeed): the hooked block is the decoder's (the larger, with
+    cross-attention) and sees the target length; the input ids carry the source length. The catalog describes both
+    stacks as one (8 layers here), so the stack runs at (4 x 64 + 4 x 16) / 8 = 40 positions: its layers x
+    positions are the model's 4 x 64 + 4 x 16."""
+    pytest.importorskip("transformers")
+    from transformers import T5Config, T5ForConditionalGeneration
+    model = T5ForConditionalGeneration(T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=4,
+                                                num_decoder_layers=4, num_heads=4))
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"},
+                                   {"name": "labels", "shape": [2, 16], "dtype": "int64"}],
+                   block_input=[{"name": "", "shape": [2, 16, 128], "dtype": "float32"}])
+    run = read_profiled(prefix, "t5", 2)
+    assert run.model.num_layers == 8 and (run.micro_batch, run.seq_len) == (2, 40)
+    assert any(r.startswith("encoder-decoder: 4 encoder layers over 64 positions") for r in run.read)

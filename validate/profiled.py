@@ -231,6 +231,21 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     return spec.replace(activation_scale=round(saved / formula, 4)), (batch, positions)
 
 
+def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: tuple[int, int], decoder: tuple[int, int],
+                            read: list[str]) -> tuple[int, int]:
+    """(micro-batch, positions) of an encoder-decoder (T5, BART) described as one stack of both (the catalog's
+    zerotune.predictor.catalog._hf_layers): the encoder runs over the input ids' length, the decoder over its own
+    (the repeated block the hook sees is the decoder's, the larger with its cross-attention); the stack runs at
+    their layer-weighted mean, so its layers x positions, what the GEMMs and activations scale with, are the
+    model's."""
+    encoder_layers = int(hf.get("encoder_layers") or hf.get("num_layers") or 1)
+    decoder_layers = int(hf.get("decoder_layers") or hf.get("num_decoder_layers") or encoder_layers)
+    mean = round((encoder_layers * tokens[1] + decoder_layers * decoder[1]) / (encoder_layers + decoder_layers))
+    read.append(f"encoder-decoder: {encoder_layers} encoder layers over {tokens[1]} positions and {decoder_layers} "
+                f"decoder layers over {decoder[1]} (the first decoder block's input): one stack of both at {mean}")
+    return tokens[0], mean
+
+
 def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     """The profiling run's files read back; ValueError (one line) when the model's structure could not be read."""
     model_doc = _load(Path(f"{prefix}.model.json"))
@@ -244,13 +259,18 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
     structure = model_doc.get("structure") or {}
     blocks_see = _block_tokens(rank0, int(structure.get("hidden_size") or 0)) if structure else None
-    if tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
+    saved_at = tokens  # where the first block's saved bytes were counted
+    hf = model_doc.get("hf_config") or {}
+    if hf.get("is_encoder_decoder") and tokens and blocks_see and blocks_see[0] == tokens[0] \
+            and blocks_see[1] != tokens[1]:
+        tokens, saved_at = _encoder_decoder_tokens(hf, tokens, blocks_see, read), blocks_see
+    elif tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
         # a script that feeds s + 1 ids and shifts them itself (inputs ids[:, :-1], targets ids[:, 1:]) runs its
         # blocks over s positions: the blocks' sequence is the one that costs time and memory
-        tokens = blocks_see
+        tokens = saved_at = blocks_see
         read.append(f"the blocks run over {tokens[1]} positions (the first block's input)")
     if tokens is None and structure:  # no token ids seen (a ViT's images, embeddings passed in): the first block's
-        tokens = _block_tokens(rank0, int(structure.get("hidden_size") or 0))
+        tokens = saved_at = _block_tokens(rank0, int(structure.get("hidden_size") or 0))
         if tokens:
             read.append(f"input {tokens[0]} x {tokens[1]} vectors (micro-batch x sequence) at the first block")
     try:
@@ -275,7 +295,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     spec = _training(spec, training, read)
     if not stand_in:
         spec = spec.replace(attention=_attention(rank0, read, assumed))
-        spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, tokens,
+        spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
                                                                      str(model_doc.get("dtype", "")), read), 4))
     per_step = int(rank0.get("forward_calls") or 0)
     recompute = per_step > 0 and int(rank0.get("block_calls") or 0) >= RECOMPUTED_CALLS * per_step
