@@ -51,6 +51,9 @@ class BenchJob:
     """The user script's own arguments besides the config and --steps."""
     arg_mappings: dict[str, str] = field(default_factory=dict)
     """autotuning.arg_mappings: ds_config keys the script takes as its own arguments (both tuners rewrite them)."""
+    extra_config: dict[str, Any] = field(default_factory=dict)
+    """More top-level ds_config sections of the user's (an `optimizer` section for a script that lets DeepSpeed
+    build its optimizer)."""
 
 
 def user_ds_config(job: BenchJob) -> dict[str, Any]:
@@ -67,6 +70,7 @@ def user_ds_config(job: BenchJob) -> dict[str, Any]:
             "num_tuning_micro_batch_sizes": job.num_tuning_micro_batch_sizes,
             **({"arg_mappings": dict(job.arg_mappings)} if job.arg_mappings else {}),
         },
+        **job.extra_config,
     }
 
 
@@ -137,8 +141,15 @@ HF_LOOP_JOB = BenchJob(
     script_flags=("--deepspeed",),
     shows="a Hugging Face model in a plain DeepSpeed loop (own DataLoader sized from the engine's micro-batch), "
           "grouped K/V and an untied head; needs transformers")
+CNN_JOB = BenchJob(
+    name="cnn", model="cnn_classifier (4 convolutions, 3 linears, 5.4M parameters, no transformer)", seq_len=0,
+    stages=(0, 1, 2, 3), max_micro_batch=64, script=str(USER_SCRIPTS / "cnn_classifier.py"),
+    script_flags=("--deepspeed",),
+    extra_config={"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}},
+    shows="a user's CNN in DeepSpeedExamples' CIFAR style (optimizer from the ds_config): no transformer block to "
+          "read, so zerotune describes it by a stand-in of its measured costs")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
-SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB)
+SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB, CNN_JOB)
 JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS)}
 
 
