@@ -193,6 +193,14 @@ class ActivationCheckpointing:
     enabled: bool = False
     partition_activations: bool = False
     cpu_checkpointing: bool = False
+    by_script: bool = False
+    """The script recomputes (or not) on its own, whatever the ds_config says: DeepSpeed 0.19 parses the section
+    (runtime/config.py:503) but its engine never acts on it; only deepspeed.checkpointing.configure reads it
+    (runtime/activation_checkpointing/checkpointing.py:1152), and blocks are recomputed where the script calls a
+    checkpoint function. `enabled` is then what the script was seen to do (zerotune tune's profiling run), and the
+    section is written back as the user had it (`section`), never switched."""
+    section: bool = False
+    """With by_script: the user's ds_config has an activation_checkpointing section."""
 
 
 @dataclass(frozen=True)
@@ -611,7 +619,7 @@ def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
         if (user or cfg.precision == precision) and (user or {}).get("enabled") != AUTO:
             out[precision] = {**(user or {}), "enabled": cfg.precision == precision}
     ckpt = cfg.activation_checkpointing
-    if ckpt.enabled:
+    if ckpt.section if ckpt.by_script else ckpt.enabled:
         out["activation_checkpointing"] = {**(out.get("activation_checkpointing") or {}),
                                            "partition_activations": ckpt.partition_activations,
                                            "cpu_checkpointing": ckpt.cpu_checkpointing}

@@ -84,6 +84,19 @@ def test_checkpointing_and_fused_attention_are_read_from_the_first_step(tmp_path
     assert run.matmul == ("fp32", 2048, 1.5e11)
 
 
+def test_checkpointing_inside_the_block_is_read_from_its_first_modules_calls(tmp_path: Path) -> None:
+    """torch.utils.checkpoint(self._forward, x) inside a block: the block is called once a micro-step, its modules
+    twice (forward, and again in backward). The bytes it kept are its input alone, so they scale nothing."""
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}]
+    _write_profile(prefix, _script("decoder_lm").Decoder(), inputs, block_calls=3, inner_calls=6,
+                   block_saved_bytes=2 * 64 * 256 * 4)
+    run = read_profiled(prefix, "d", 2)
+    assert run.activation_checkpointing and run.model.activation_scale == 1.0
+    _write_profile(prefix, _script("decoder_lm").Decoder(), inputs, block_calls=3, inner_calls=3)
+    assert not read_profiled(prefix, "d", 2).activation_checkpointing
+
+
 def test_hugging_face_config_is_used_directly(tmp_path: Path) -> None:
     model = _script("decoder_lm").Decoder()
     hf = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,

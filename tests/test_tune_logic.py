@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -392,6 +393,34 @@ def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: 
     assert _explorable(client) == ("checkpointing",)
     built = dc_replace(client, doc={**client.doc, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
     assert _explorable(built) == ("offload", "checkpointing")
+
+
+def test_a_user_scripts_checkpointing_is_its_own_costed_as_seen_and_its_section_kept(tmp_path: Path,
+                                                                                    budget_ends_it: None) -> None:
+    """DeepSpeed's engine never acts on the activation_checkpointing section (ActivationCheckpointing.by_script):
+    for a user's script no experiment is spent adding it, every configuration is costed with the recomputation the
+    profiling run saw, and the section goes into each experiment and ds_config_optimal.json as the user wrote it."""
+    from dataclasses import replace as dc_replace
+
+    from zerotune.validate.tune import _explorable
+    builtin = dc_replace(_settings(tmp_path, [1], [1]), explore=("checkpointing",))
+    assert _explorable(builtin) == ("checkpointing",)  # the built-in workload switches it by the section
+    script = tmp_path / "train.py"
+    script.write_text("")
+    user = dc_replace(builtin, command=UserCommand(script, (), "--deepspeed_config", tmp_path / "ds.json"))
+    assert _explorable(user) == ()
+    for seen, section in ((True, None), (False, {"partition_activations": True, "cpu_checkpointing": False,
+                                                             "number_checkpoints": 4})):
+        doc = {**user.doc, **({"activation_checkpointing": section} if section else {})}
+        launcher = FakeLauncher()
+        outcome = tune(dc_replace(user, doc=doc, script_checkpointing=seen, top_k=2), launcher, log=lambda _: None)
+        assert all(r.config.activation_checkpointing.enabled is seen for r in outcome.results)  # costed as seen
+        for _, spec in launcher.calls:
+            assert spec.ds_config.get("activation_checkpointing") == section
+        optimal = json.loads(outcome.layout.optimal_config.read_text())
+        assert optimal.get("activation_checkpointing") == section
+        for path in (tmp_path / "results", tmp_path / "exps"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ __all__ = ["PROFILING_SITE", "MatmulPace", "ProfiledRun", "profiling_env", "read
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
-"""Forward calls of the first block per micro-step when activation checkpointing recomputes it in backward."""
+"""Forward calls of the first block, or of its first module with parameters (a script that checkpoints a method of
+its block), per micro-step when activation checkpointing recomputes it in backward."""
 _HEAD_KEYS = ("head", "tied_embeddings", "head_transform", "head_bias")
 """What a Hugging Face config cannot say (BertModel, BertForMaskedLM and BertForPreTraining share one) and the
 modules can (calibrate/inspect_model.py _head)."""
@@ -293,14 +294,17 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         training = {**training, "frozen_block_params": int(training.get("frozen_block_params") or 0)
                     + int(training.get("frozen_outer_params") or 0), "frozen_outer_params": 0}
     spec = _training(spec, training, read)
+    per_step = int(rank0.get("forward_calls") or 0)
+    calls = max(int(rank0.get("block_calls") or 0), int(rank0.get("inner_calls") or 0))
+    recompute = per_step > 0 and calls >= RECOMPUTED_CALLS * per_step
     if not stand_in:
         spec = spec.replace(attention=_attention(rank0, read, assumed))
+    if recompute:  # the block kept only its input for backward: the formula's full block is what it recomputes
+        read.append("activation checkpointing: on (the first block's modules run again in backward): every "
+                    "configuration is costed with the blocks recomputed")
+    elif not stand_in:
         spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
                                                                      str(model_doc.get("dtype", "")), read), 4))
-    per_step = int(rank0.get("forward_calls") or 0)
-    recompute = per_step > 0 and int(rank0.get("block_calls") or 0) >= RECOMPUTED_CALLS * per_step
-    if recompute:
-        read.append("activation checkpointing: on (the first block runs again in backward)")
     peaks = [float(d["peak_memory_bytes"]) for d in ranks if d.get("peak_memory_bytes")]
     impl = _optimizer_impl(rank0.get("optimizer"), read, assumed)
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
@@ -365,7 +369,7 @@ def model_yaml(run: ProfiledRun, source: str) -> str:
     lines.append(f"# parameters counted in the process: {run.num_params:,} ({kinds or 'by kind unknown'}), dtype "
                  f"{run.dtype or '?'}; this description holds {spec.num_params:,}")
     if run.activation_checkpointing:
-        lines.append("# the script checkpoints activations itself: give the ds_config an activation_checkpointing "
-                     "section so the memory model counts it")
+        lines.append("# the script checkpoints activations itself: every configuration is costed with its blocks "
+                     "recomputed in backward (zerotune does not switch the script's checkpointing)")
     doc = {f.name: getattr(spec, f.name) for f in dataclasses.fields(ModelSpec)}
     return "\n".join(lines) + "\n" + yaml.safe_dump(doc, sort_keys=False)

@@ -107,6 +107,9 @@ class TuneSettings:
     optimizer_impl: OptimizerImpl | None = None
     """How the script's own optimizer runs its update, as the profiling run read it; it stands for a ds_config
     without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
+    script_checkpointing: bool = False
+    """Whether the script recomputes its blocks in backward, as the profiling run saw it (ProfiledRun.
+    activation_checkpointing); every configuration of a user's script is costed so (_as_the_script_runs)."""
     device_matmul: MatmulPace | None = None
     """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
     against the calibration profile's microbenchmark of the same shape (_paced)."""
@@ -479,10 +482,26 @@ def _plots(job: Job, space: SearchSpace, model: _Model, results: Sequence[Experi
 
 def _explorable(settings: TuneSettings) -> tuple[str, ...]:
     """Offload is tried only when DeepSpeed builds the optimizer: with a client optimizer (no `optimizer` section)
-    ZeRO-Offload stops at start-up unless zero_force_ds_cpu_optimizer is false, so the experiment would be wasted."""
+    ZeRO-Offload stops at start-up unless zero_force_ds_cpu_optimizer is false, so the experiment would be wasted.
+    Checkpointing is tried only on the built-in workload, which switches it by the ds_config's section: a user's
+    script recomputes where it calls a checkpoint function, whatever the section says (ActivationCheckpointing.by_script),
+    so an experiment that only adds the section runs the same program."""
     doc = settings.doc
     client_optimizer = "optimizer" not in doc and doc.get("zero_force_ds_cpu_optimizer") is not False
-    return tuple(e for e in settings.explore if not (e == "offload" and client_optimizer))
+    builtin = settings.command.script == BUILTIN_SCRIPT
+    return tuple(e for e in settings.explore if not (e == "offload" and client_optimizer)
+                 and not (e == "checkpointing" and not builtin))
+
+
+def _as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
+    """A user script's configuration costed with the checkpointing its profiling run saw, its section kept as the user
+    wrote it (ActivationCheckpointing.by_script); the built-in workload's as the ds_config switches it."""
+    if settings.command.script == BUILTIN_SCRIPT:
+        return cfg
+    ckpt = cfg.activation_checkpointing
+    section = ckpt.section if ckpt.by_script else ckpt.enabled  # parsed from the user's ds_config: its presence
+    return cfg.replace(activation_checkpointing=replace(ckpt, enabled=settings.script_checkpointing, by_script=True,
+                                                        section=section))
 
 
 def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print,
@@ -502,6 +521,8 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = _with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
                                                                   hidden_size=job.model.hidden_size,
                                                                   explore=_explorable(settings)))
+    variants = {repr(v): v for v in (_as_the_script_runs(v, settings) for v in space.variants)}
+    space = replace(space, variants=tuple(variants.values()))
     model = _paced(_load_profile(settings, log), settings, log)
     if initial:
         for line in _first_predictions(job, model, initial, at.metric):
@@ -671,6 +692,8 @@ class ProfileOutcome:
     """The device's matmul pace the run timed (TuneSettings.device_matmul)."""
     device_copy_bytes_per_s: float | None = None
     """The device's copy pace the run timed (TuneSettings.device_copy_bytes_per_s)."""
+    activation_checkpointing: bool = False
+    """Whether the script recomputed its blocks in backward (TuneSettings.script_checkpointing)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -716,7 +739,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
     seq_len = settings.seq_len or profiled.seq_len
-    cfg = _script_optimizer(settings.doc, profiled.optimizer_impl, cfg)
+    cfg = _as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg),
+                              replace(settings, script_checkpointing=profiled.activation_checkpointing))
     if seq_len is None:
         raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
                          f" give --seq_len")
@@ -728,7 +752,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
-                          profiled.copy_bytes_per_s)
+                          profiled.copy_bytes_per_s, profiled.activation_checkpointing)
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -741,7 +765,8 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
             profiled = profile_model(settings, launcher)
             settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len,
                                optimizer_impl=profiled.optimizer_impl, device_matmul=profiled.device_matmul,
-                               device_copy_bytes_per_s=profiled.device_copy_bytes_per_s)
+                               device_copy_bytes_per_s=profiled.device_copy_bytes_per_s,
+                               script_checkpointing=profiled.activation_checkpointing)
             initial = (profiled.measurement,) if profiled.measurement else ()
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:

@@ -5,8 +5,8 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
 - rank 0 writes <out>.model.json: calibrate/inspect_model.py's reading of engine.module (loaded by file path, so
   no zerotune package name enters the user's process);
 - every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes and the
-  first block's input shape (forward pre-hooks), forward calls of the first block per micro-step (2 when
-  activation checkpointing recomputes it in backward), the bytes the first block keeps for backward in its first
+  first block's input shape (forward pre-hooks), forward calls of the first block and of its first module with
+  parameters per micro-step (2 when activation checkpointing recomputes it in backward), the bytes the first block keeps for backward in its first
   forward (saved-tensor hooks; for a model without a repeated block, the whole model's, and its first forward's
   FLOPs), calls to scaled_dot_product_attention and their dropout, wall seconds per
   optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
@@ -99,6 +99,12 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
             if state.get("block_input") is None:
                 state["block_input"] = _shapes(args[:1], {})
         blocks[0].register_forward_pre_hook(count)
+        inner = next((m for m in blocks[0].modules() if m is not blocks[0] and any(True for _ in
+                                                                                  m.parameters(recurse=False))), None)
+        if inner is not None:  # a script that checkpoints inside its block (torch.utils.checkpoint of a method)
+            def count_inner(*_: Any) -> None:  # recomputes this module without calling the block again
+                state["inner_calls"] += 1
+            inner.register_forward_pre_hook(count_inner)
         _count_saved(engine.module, blocks[0], state, "block")
     else:  # no repeated block to read: what the whole model costs per sample stands in for its structure
         _count_saved(engine.module, engine.module, state, "model")
@@ -286,7 +292,7 @@ def _copy_rate() -> dict[str, Any]:
 
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
-    state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0,
+    state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0, "inner_calls": 0,
                              "sdpa_calls": 0,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
                              "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
