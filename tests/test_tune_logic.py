@@ -264,6 +264,24 @@ def test_missing_batch_mapping_is_a_one_line_error() -> None:
                        {"train_micro_batch_size_per_gpu": "--bs", "gradient_accumulation_steps": "--gas"})
 
 
+def test_a_misspelt_arg_mappings_key_is_refused_before_the_profiling_run(tmp_path: Path) -> None:
+    """DeepSpeed's autotuning tutorial once printed "gradient_accumulation_steps " (a trailing space): its experiments
+    would all run the script's own accumulation. The key is named with the fix, before anything runs."""
+    mappings = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                "gradient_accumulation_steps ": "--gradient_accumulation_steps"}
+    with pytest.raises(ValueError, match="did you mean 'gradient_accumulation_steps'"):
+        check_arg_mappings({}, [], mappings)
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "autotuning": {"arg_mappings": mappings}}))
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run')\n")
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", str(script), "--deepspeed", str(config)])
+    with pytest.raises(ValueError, match="arg_mappings key 'gradient_accumulation_steps '"):
+        settings_from_args(args)
+
+
 def test_lr_advice_square_root_for_adam_linear_for_sgd() -> None:
     adam = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
     best = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW"}}, world_size=WORLD)

@@ -7,6 +7,7 @@ string, so a user argument can never become a command.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -125,6 +126,11 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
     says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
     a batch-size flag, and arg_mappings does not say which flag to rewrite."""
     mapped = set((arg_mappings or {}).keys())
+    for key in mapped - set(BATCH_KEYS):
+        near = difflib.get_close_matches(key.strip(), BATCH_KEYS, n=1, cutoff=0.8)
+        if near:  # DeepSpeed's autotuning tutorial once printed "gradient_accumulation_steps " with a space
+            raise ValueError(f"autotuning.arg_mappings key {key!r} is not a ds_config key: did you mean {near[0]!r}? "
+                             f"rename it, or the experiments run the script's own {near[0]}")
     for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), TRAINER_FLAGS):
         if key in mapped:
             continue

@@ -659,7 +659,8 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     hw = load_hardware(hardware)
     num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
     ClusterSpec(hw, num_nodes, num_gpus)  # --num_gpus within the node, before anything runs
-    autotuning_of(doc, num_nodes * num_gpus)  # the autotuning section's numbers, before anything runs
+    at = autotuning_of(doc, num_nodes * num_gpus)  # the autotuning section's numbers, before anything runs
+    check_arg_mappings(doc, command.args, at.arg_mappings)  # and its batch flags, before the profiling run
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
     return TuneSettings(command, doc, model or "", hardware, num_gpus, num_nodes, args.hostfile, seq_len,
                         args.top_k, args.profile, args.timeout_s, env,
