@@ -282,6 +282,24 @@ def test_a_misspelt_arg_mappings_key_is_refused_before_the_profiling_run(tmp_pat
         settings_from_args(args)
 
 
+def test_a_ds_config_given_before_the_script_is_refused_unless_the_script_gets_it_too(tmp_path: Path) -> None:
+    """`zerotune tune --deepspeed ds.json train.py`: the flag before the script is the built-in workload's, so the
+    script would never see the config; one line says where it goes."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2}))
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run')\n")
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    with pytest.raises(ValueError, match="before the script configures the built-in workload; pass the ds_config "
+                                         "among train.py's arguments"):
+        settings_from_args(parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--deepspeed", str(config),
+                                              str(script)]))
+    settings = settings_from_args(parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--deepspeed",
+                                                     str(config), str(script), "--deepspeed_config", str(config)]))
+    assert settings.command.ds_config_path == config
+
+
 def test_lr_advice_square_root_for_adam_linear_for_sgd() -> None:
     adam = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
     best = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW"}}, world_size=WORLD)

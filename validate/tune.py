@@ -634,7 +634,21 @@ def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | N
         return UserCommand(BUILTIN_SCRIPT, script_args, "--deepspeed_config", path), model, seq_len
     if not Path(args.script).is_file():
         raise ValueError(f"training script {args.script}: no such file; give the path of the script to tune")
-    return split_user_command(args.script, args.script_args), args.model, args.seq_len
+    try:
+        command: UserCommand | None = split_user_command(args.script, args.script_args)
+    except ValueError:
+        if not args.tune_ds_config:
+            raise
+        command = None
+    if args.tune_ds_config and (command is None or command.ds_config_path.resolve() !=
+                                Path(args.tune_ds_config).resolve()):
+        # --deepspeed before the script is the built-in workload's flag: the script would never see it
+        name = Path(args.script).name
+        raise ValueError(f"--deepspeed {args.tune_ds_config} before the script configures the built-in workload; "
+                         f"pass the ds_config among {name}'s arguments, as the script reads it (e.g. {name} "
+                         f"--deepspeed_config {args.tune_ds_config})")
+    assert command is not None
+    return command, args.model, args.seq_len
 
 
 def _default_hardware() -> str:
