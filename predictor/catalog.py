@@ -273,8 +273,18 @@ transformers models/gemma2/modeling_gemma2.py Gemma2MLP: gate_proj, up_proj, dow
 activation does not say it is gated."""
 
 
+_T5_LINEAGE = ("t5", "mt5", "umt5")
+"""T5's layers have no biases and a norm without mean or bias (transformers models/t5/modeling_t5.py: T5LayerNorm,
+T5Attention's q/k/v/o and T5DenseActDense's wi/wo built with bias=False); `feed_forward_proj` "gated-gelu" (T5
+v1.1, mT5) is a gated MLP (T5DenseGatedActDense: wi_0, wi_1, wo)."""
+
+
 def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Architecture traits that config.json implies through model_type rather than states."""
+    if model_type in _T5_LINEAGE:
+        return {**_hf_traits(cfg), "norm": "rmsnorm", "qkv_bias": False, "out_bias": False, "mlp_bias": False,
+                "gated_mlp": str(cfg.get("feed_forward_proj", "relu")).startswith("gated"),
+                "tied_embeddings": bool(cfg.get("tie_word_embeddings", True))}
     if model_type not in (*_LLAMA_LINEAGE, "gpt_neo", "bert", "roberta", "distilbert", "deberta-v2"):
         return _hf_traits(cfg)
     if model_type in _LLAMA_LINEAGE:

@@ -242,6 +242,22 @@ def test_hf_config_of_an_encoder_decoder_counts_both_stacks(tmp_path: Path) -> N
     assert (bart_spec.num_layers, bart_spec.num_heads, bart_spec.ffn_hidden_size) == (12, 12, 3072)
 
 
+@pytest.mark.parametrize("proj, gated", [("relu", False), ("gated-gelu", True)])
+def test_hf_config_of_t5_has_no_biases_an_rms_norm_and_its_gate(tmp_path: Path, proj: str, gated: bool) -> None:
+    """transformers models/t5/modeling_t5.py: T5LayerNorm (no mean, no bias), every linear bias-free, and
+    feed_forward_proj "gated-gelu" (T5 v1.1, mT5) runs wi_0 and wi_1. The description then holds the model's
+    parameters but the decoder's cross-attention (not modelled: 4 d_model x inner per decoder layer)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(vocab_size=8000, d_model=256, d_kv=64, d_ff=1024, num_layers=4,
+                                   num_decoder_layers=4, num_heads=4, feed_forward_proj=proj)
+    spec = load_model(str(_write_config(tmp_path, "t5", config.to_dict())))
+    assert (spec.norm, spec.qkv_bias, spec.out_bias, spec.mlp_bias, spec.gated_mlp) == \
+        ("rmsnorm", False, False, False, gated)
+    real = transformers.T5ForConditionalGeneration(config)
+    cross = sum(p.numel() for n, p in real.named_parameters() if "EncDecAttention" in n)
+    assert spec.num_params == pytest.approx(sum(p.numel() for p in real.parameters()) - cross, rel=1e-3)
+
+
 def test_hf_config_traits_stated_by_keys_not_by_family_name(tmp_path: Path) -> None:
     # transformers 5 writes rotary settings as rope_parameters; SiLU configs are the Llama lineage's SwiGLU MLP
     # (Qwen3, OLMo); Falcon's multi_query shares one key/value head.
