@@ -265,10 +265,12 @@ def test_missing_batch_mapping_is_a_one_line_error() -> None:
 
 
 def test_a_misspelt_arg_mappings_key_is_refused_before_the_profiling_run(tmp_path: Path) -> None:
-    """DeepSpeed's autotuning tutorial once printed "gradient_accumulation_steps " (a trailing space): its experiments
-    would all run the script's own accumulation. The key is named with the fix, before anything runs."""
+    """A misspelt batch key would leave every experiment at the script's own accumulation: it is named with the fix,
+    before anything runs. DeepSpeed's autotuning tutorial's "gradient_accumulation_steps " (a trailing space) is
+    read as the key it means, as the experiments' arguments are rewritten (rewrite_args strips it)."""
+    check_arg_mappings({"gradient_accumulation_steps": "auto"}, [], {"gradient_accumulation_steps ": "--gas"})
     mappings = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
-                "gradient_accumulation_steps ": "--gradient_accumulation_steps"}
+                "gradient_acumulation_steps": "--gradient_accumulation_steps"}
     with pytest.raises(ValueError, match="did you mean 'gradient_accumulation_steps'"):
         check_arg_mappings({}, [], mappings)
     config = tmp_path / "ds.json"
@@ -278,7 +280,7 @@ def test_a_misspelt_arg_mappings_key_is_refused_before_the_profiling_run(tmp_pat
     parser = argparse.ArgumentParser()
     add_tune_arguments(parser)
     args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", str(script), "--deepspeed", str(config)])
-    with pytest.raises(ValueError, match="arg_mappings key 'gradient_accumulation_steps '"):
+    with pytest.raises(ValueError, match="arg_mappings key 'gradient_acumulation_steps'"):
         settings_from_args(args)
 
 
@@ -390,6 +392,24 @@ def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:
     best = parse_ds_config({"train_micro_batch_size_per_gpu": 8}, world_size=WORLD)
     assert lr_advice({"train_micro_batch_size_per_gpu": [1, 8]}, best, WORLD) is None
     assert lr_advice({"train_micro_batch_size_per_gpu": "auto"}, best, WORLD) is None
+
+
+def test_lr_advice_reads_the_batch_a_script_takes_as_arguments() -> None:
+    """A Trainer's "auto" batch comes from its flags (a flag left out: TrainingArguments' default), a script's own
+    --batch_size from its argument: the user ran 4 x 1 per GPU (Trainer) and 16 (script), the tuned 16 and 4."""
+    from zerotune.validate.experiments import batch_as_given
+    trainer = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    mappings = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                "gradient_accumulation_steps": "--gradient_accumulation_steps"}
+    given = batch_as_given(trainer, ["--per_device_train_batch_size", "4", "--do_train"], mappings)
+    assert given == {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    tuned = parse_ds_config({"train_micro_batch_size_per_gpu": 16}, world_size=WORLD)
+    advice = lr_advice(given, tuned, WORLD) or ""
+    assert "yours was 8: " in advice and "x2," in advice  # 4 x 1 x 2 GPUs; sqrt(32 / 8) for an Adam-family optimizer  # sqrt(16 / 4) for an Adam-family optimizer
+    own = batch_as_given({"train_micro_batch_size_per_gpu": 2}, ["--batch_size=16"],
+                         {"train_micro_batch_size_per_gpu": "--batch_size"})
+    tuned = parse_ds_config({"train_micro_batch_size_per_gpu": 4}, world_size=WORLD)
+    assert "yours was 32: " in (lr_advice(own, tuned, WORLD) or "")
 
 
 def test_run_tune_prints_the_pick_and_advice_then_trains_with_the_optimal_command(

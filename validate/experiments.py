@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from zerotune.predictor import DSConfig, to_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig
 
-__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "trainer_arg_mappings", "experiment_ds_config",
+__all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "batch_as_given", "trainer_arg_mappings", "experiment_ds_config",
            "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS", "TRAINER_FLAGS"]
 
 DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
@@ -104,6 +104,35 @@ def rewrite_args(args: Sequence[str], arg_mappings: Mapping[str, str] | None,
     return tuple(out)
 
 
+TRAINER_DEFAULTS = (8, 1)
+"""transformers TrainingArguments' per_device_train_batch_size and gradient_accumulation_steps when the command does not
+set them (transformers/training_args.py)."""
+
+
+def batch_as_given(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Mapping[str, str] | None
+                   ) -> dict[str, Any]:
+    """The ds_config with each batch key the script takes as an argument (arg_mappings: a Trainer's "auto", a
+    script's own --batch_size) set to the whole number the user's arguments give it (a Trainer flag they leave out:
+    its default): the batch the user ran, which the learning-rate advice compares the tuned one with."""
+    out = dict(doc)
+    for key, flag in (arg_mappings or {}).items():
+        key, flag = key.strip(), flag.strip()
+        if key not in BATCH_KEYS:
+            continue
+        value = dict(zip(TRAINER_FLAGS, TRAINER_DEFAULTS)).get(flag) if out.get(key) == "auto" else None
+        for i, arg in enumerate(args):
+            if arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            elif arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            else:
+                continue
+            break
+        if str(value).isdigit():
+            out[key] = int(str(value))
+    return out
+
+
 def trainer_arg_mappings(doc: Mapping[str, Any], args: Sequence[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """A Hugging Face Trainer command (its --per_device_train_batch_size among the arguments) whose ds_config
     leaves batch keys "auto": the Trainer fills them from its own flags (transformers integrations/deepspeed.py,
@@ -125,10 +154,10 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
     """Refuse a tune whose experiments would silently run the user's batch instead of the tuned one: the config
     says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
     a batch-size flag, and arg_mappings does not say which flag to rewrite."""
-    mapped = set((arg_mappings or {}).keys())
-    for key in mapped - set(BATCH_KEYS):
-        near = difflib.get_close_matches(key.strip(), BATCH_KEYS, n=1, cutoff=0.8)
-        if near:  # DeepSpeed's autotuning tutorial once printed "gradient_accumulation_steps " with a space
+    mapped = {key.strip() for key in (arg_mappings or {})}  # as rewrite_args reads them: DeepSpeed's autotuning
+    for key in mapped - set(BATCH_KEYS):                     # tutorial printed "gradient_accumulation_steps "
+        near = difflib.get_close_matches(key, BATCH_KEYS, n=1, cutoff=0.8)
+        if near:
             raise ValueError(f"autotuning.arg_mappings key {key!r} is not a ds_config key: did you mean {near[0]!r}? "
                              f"rename it, or the experiments run the script's own {near[0]}")
     for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), TRAINER_FLAGS):

@@ -43,7 +43,7 @@ from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
 from zerotune.predictor.units import GIB
-from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, check_arg_mappings,
+from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, batch_as_given, check_arg_mappings,
                                           experiment_ds_config, filtered_resources, optimal_ds_config,
                                           read_ds_config, read_hostfile, rewrite_args, split_user_command,
                                           trainer_arg_mappings)
@@ -793,7 +793,9 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         return 1
     print(f"zerotune tune: optimal {outcome.best.name} ({outcome.best.metric_value:.4g}); wrote "
           f"{outcome.layout.optimal_config} and {outcome.layout.optimal_cmd}")
-    advice = lr_advice(settings.doc, outcome.best.config, settings.num_nodes * settings.num_gpus)
+    world = settings.num_nodes * settings.num_gpus
+    given = batch_as_given(settings.doc, settings.command.args, autotuning_of(settings.doc, world).arg_mappings)
+    advice = lr_advice(given, outcome.best.config, world)
     if advice:
         print(f"zerotune tune: {advice}")
     if not settings.run_after:
