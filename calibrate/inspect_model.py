@@ -55,24 +55,29 @@ def _params(module: nn.Module) -> int:
     return sum(_numel(p) for p in module.parameters())
 
 
-def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """(name, container) of the repeated transformer block: the nn.ModuleList of one class with the most
-    parameters, or an nn.Sequential of at least two modules of one class, each with linear layers inside it (timm's
-    VisionTransformer.blocks, many users' own models); a list of bare nn.Linear layers is not one."""
-    best: tuple[int, str, nn.Module] | None = None
+def _block_lists(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, container) of every stack of repeated blocks: an nn.ModuleList of one class, or an nn.Sequential of at
+    least two modules of one class, each with linear layers inside it; a list of bare nn.Linear layers is not one.
+    An encoder-decoder has two (T5's encoder.block and decoder.block)."""
+    out = []
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList):
             if len(mod) < 1 or not any(True for _ in mod[0].children()):  # a list of bare linears is no block
                 continue
         elif not isinstance(mod, nn.Sequential) or len(mod) < 2 or not any(True for _ in mod[0].children()):
             continue
-        if len({type(m) for m in mod}) != 1 or not any(isinstance(m, (nn.Linear, nn.MultiheadAttention))
-                                                         for m in mod[0].modules()):
-            continue
-        count = _params(mod)
-        if best is None or count > best[0]:
-            best = (count, name, mod)
-    return (best[1], best[2]) if best else None
+        if len({type(m) for m in mod}) == 1 and any(isinstance(m, (nn.Linear, nn.MultiheadAttention))
+                                                    for m in mod[0].modules()):
+            out.append((name, mod))
+    return out
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """(name, container) of the repeated transformer block: of _block_lists, the one with the most parameters
+    (timm's VisionTransformer.blocks, many users' own models; an encoder-decoder's decoder, larger by its
+    cross-attention)."""
+    lists = _block_lists(model)
+    return max(lists, key=lambda item: _params(item[1])) if lists else None
 
 
 def _hf_config(model: nn.Module) -> dict[str, Any] | None:
@@ -102,8 +107,8 @@ def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding | Non
     name, tokens = max(embs, key=lambda e: e[1].num_embeddings)
     others: dict[str, nn.Embedding] = {}
     for n, m in embs:
-        if m is tokens or m.embedding_dim != tokens.embedding_dim:
-            continue
+        if m is tokens or m.weight is tokens.weight or m.embedding_dim != tokens.embedding_dim:
+            continue  # the token table again (T5's encoder.embed_tokens and decoder.embed_tokens share `shared`)
         kind = "token_types" if any(w in n.lower() for w in ("type", "segment")) else "positions"
         others.setdefault(kind, m)
     return tokens, others
@@ -210,7 +215,7 @@ def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding | None) -> d
     vocabulary to project onto: a classifier's head (h -> classes) is one row per sample, left out."""
     if tokens is None:
         return {"head": "none", "tied_embeddings": False}
-    inside = {id(m) for m in blocks.modules()}
+    inside = {id(m) for _, stack in _block_lists(model) for m in stack.modules()} | {id(m) for m in blocks.modules()}
     h, vocab = tokens.embedding_dim, tokens.num_embeddings
     outside = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
     lm = [m for _, m in outside if _shape(m.weight) == (vocab, h)]

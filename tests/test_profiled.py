@@ -521,3 +521,6 @@ def test_an_encoder_decoder_runs_its_one_stack_at_the_layer_weighted_mean_of_its
     run = read_profiled(prefix, "t5", 2)
     assert run.model.num_layers == 8 and (run.micro_batch, run.seq_len) == (2, 40)
     assert any(r.startswith("encoder-decoder: 4 encoder layers over 64 positions") for r in run.read)
+    # the encoder's square projections are a stack of blocks, not an LM-head transform; its embed_tokens is the
+    # shared token table again, not a position table
+    assert not run.model.head_transform and not any("learned positions" in r for r in run.read)
