@@ -398,7 +398,7 @@ def test_lr_advice_reads_the_batch_a_script_takes_as_arguments() -> None:
     """A Trainer's "auto" batch comes from its flags (a flag left out: TrainingArguments' default), a script's own
     --batch_size from its argument: the user ran 4 x 1 per GPU (Trainer) and 16 (script), the tuned 16 and 4."""
     from zerotune.validate.experiments import batch_as_given
-    trainer = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    trainer = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
     mappings = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                 "gradient_accumulation_steps": "--gradient_accumulation_steps"}
     given = batch_as_given(trainer, ["--per_device_train_batch_size", "4", "--do_train"], mappings)

@@ -130,6 +130,8 @@ def batch_as_given(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Ma
             break
         if str(value).isdigit():
             out[key] = int(str(value))
+    if out.get("train_batch_size") == "auto" and all(isinstance(out.get(k), int) for k in BATCH_KEYS):
+        del out["train_batch_size"]  # the Trainer derives it from the two (and the GPU count)
     return out
 
 
