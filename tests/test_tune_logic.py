@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -465,12 +466,19 @@ def test_a_user_scripts_checkpointing_is_its_own_costed_as_seen_and_its_section_
     script.write_text("")
     user = dc_replace(builtin, command=UserCommand(script, (), "--deepspeed_config", tmp_path / "ds.json"))
     assert _explorable(user) == ()
-    for seen, section in ((True, None), (False, {"partition_activations": True, "cpu_checkpointing": False,
-                                                             "number_checkpoints": 4})):
+    section_of_user = {"partition_activations": True, "cpu_checkpointing": False, "number_checkpoints": 4}
+    # (what the profiling run saw, None: no profiling run (--model given); the user's section; costed with recompute)
+    for seen, section, costed in ((True, None, True), (False, section_of_user, False), (None, section_of_user, True),
+                                  (None, None, False)):
         doc = {**user.doc, **({"activation_checkpointing": section} if section else {})}
         launcher = FakeLauncher()
-        outcome = tune(dc_replace(user, doc=doc, script_checkpointing=seen, top_k=2), launcher, log=lambda _: None)
-        assert all(r.config.activation_checkpointing.enabled is seen for r in outcome.results)  # costed as seen
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outcome = tune(dc_replace(user, doc=doc, script_checkpointing=seen, top_k=2), launcher,
+                           log=lambda _: None)
+        # a section that does nothing (the script was seen not to recompute) is said to do nothing
+        assert any("saw the script recompute nothing" in str(w.message) for w in caught) is (seen is False)
+        assert all(r.config.activation_checkpointing.enabled is costed for r in outcome.results)
         for _, spec in launcher.calls:
             assert spec.ds_config.get("activation_checkpointing") == section
         optimal = json.loads(outcome.layout.optimal_config.read_text())

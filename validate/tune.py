@@ -107,9 +107,10 @@ class TuneSettings:
     optimizer_impl: OptimizerImpl | None = None
     """How the script's own optimizer runs its update, as the profiling run read it; it stands for a ds_config
     without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
-    script_checkpointing: bool = False
+    script_checkpointing: bool | None = None
     """Whether the script recomputes its blocks in backward, as the profiling run saw it (ProfiledRun.
-    activation_checkpointing); every configuration of a user's script is costed so (_as_the_script_runs)."""
+    activation_checkpointing); every configuration of a user's script is costed so (_as_the_script_runs). None: no
+    profiling run (--model given), and the ds_config's activation_checkpointing section says it, as for predict."""
     device_matmul: MatmulPace | None = None
     """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
     against the calibration profile's microbenchmark of the same shape (_paced)."""
@@ -500,8 +501,8 @@ def _as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
         return cfg
     ckpt = cfg.activation_checkpointing
     section = ckpt.section if ckpt.by_script else ckpt.enabled  # parsed from the user's ds_config: its presence
-    return cfg.replace(activation_checkpointing=replace(ckpt, enabled=settings.script_checkpointing, by_script=True,
-                                                        section=section))
+    seen = section if settings.script_checkpointing is None else settings.script_checkpointing
+    return cfg.replace(activation_checkpointing=replace(ckpt, enabled=seen, by_script=True, section=section))
 
 
 def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str], None] = print,
@@ -521,6 +522,11 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     space = _with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
                                                                   hidden_size=job.model.hidden_size,
                                                                   explore=_explorable(settings)))
+    if settings.script_checkpointing is False and "activation_checkpointing" in settings.doc \
+            and settings.command.script != BUILTIN_SCRIPT:
+        warnings.warn("ds_config activation_checkpointing: DeepSpeed's engine does not switch recomputation by this "
+                      "section (only deepspeed.checkpointing.configure reads it) and the profiling run saw the script "
+                      "recompute nothing; configurations are costed without checkpointing")
     variants = {repr(v): v for v in (_as_the_script_runs(v, settings) for v in space.variants)}
     space = replace(space, variants=tuple(variants.values()))
     model = _paced(_load_profile(settings, log), settings, log)
