@@ -215,7 +215,7 @@ def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding | None) -> d
     vocabulary to project onto: a classifier's head (h -> classes) is one row per sample, left out."""
     if tokens is None:
         return {"head": "none", "tied_embeddings": False}
-    inside = {id(m) for _, stack in _block_lists(model) for m in stack.modules()} | {id(m) for m in blocks.modules()}
+    inside = {id(m) for _, stack in _block_lists(model) for m in stack.modules()}  # `blocks` is one of them
     h, vocab = tokens.embedding_dim, tokens.num_embeddings
     outside = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
     lm = [m for _, m in outside if _shape(m.weight) == (vocab, h)]
@@ -302,7 +302,7 @@ def _checkpointing(model: nn.Module) -> bool:
     return bool(getattr(model, attr, False)) if attr else False
 
 
-def _weight_layers(model: nn.Module) -> int:
+def _num_weight_layers(model: nn.Module) -> int:
     """Modules whose own weight is a matrix or a kernel (linear, convolution), embeddings left out: the layers a
     model without a repeated block runs its GEMMs in."""
     return sum(1 for m in model.modules() if not isinstance(m, nn.Embedding)
@@ -320,7 +320,7 @@ def readable(doc: dict[str, Any]) -> bool:
 
 def describe(model: nn.Module) -> dict[str, Any]:
     """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'num_params',
-    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing', 'weight_layers'}; 'structure' is None when it
+    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing', 'num_weight_layers'}; 'structure' is None when it
     cannot be read."""
     notes: dict[str, list[str]] = {"read": [], "assumed": []}
     out: dict[str, Any] = {"hf_config": _hf_config(model), "structure": None, "error": ""}
@@ -334,5 +334,5 @@ def describe(model: nn.Module) -> dict[str, Any]:
     out["training"] = _training(model, found[1] if found is not None else None)
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
-               gradient_checkpointing=_checkpointing(model), weight_layers=_weight_layers(model))
+               gradient_checkpointing=_checkpointing(model), num_weight_layers=_num_weight_layers(model))
     return out

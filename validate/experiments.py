@@ -119,15 +119,10 @@ def batch_as_given(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Ma
         key, flag = key.strip(), flag.strip()
         if key not in BATCH_KEYS:
             continue
-        value = dict(zip(TRAINER_FLAGS, TRAINER_DEFAULTS)).get(flag) if out.get(key) == "auto" else None
-        for i, arg in enumerate(args):
-            if arg.startswith(flag + "="):
-                value = arg.split("=", 1)[1]
-            elif arg == flag and i + 1 < len(args):
-                value = args[i + 1]
-            else:
-                continue
-            break
+        at = next((i for i, arg in enumerate(args) if arg == flag or arg.startswith(flag + "=")), None)
+        value = _flag_value(list(args), at) if at is not None else None
+        if value is None and out.get(key) == "auto":
+            value = dict(zip(TRAINER_FLAGS, TRAINER_DEFAULTS)).get(flag)
         if str(value).isdigit():
             out[key] = int(str(value))
     if out.get("train_batch_size") == "auto" and all(isinstance(out.get(k), int) for k in BATCH_KEYS):

@@ -75,6 +75,10 @@ class ProfiledRun:
     """The tensor copy rank 0 timed before the first step (read + write bytes per second); None when not timed."""
 
 
+Tokens = tuple[int, int]
+"""(micro-batch, positions per sample)."""
+
+
 def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
     """The run's added environment: the profiling site first on PYTHONPATH, the output prefix."""
     path = os.pathsep.join(p for p in (str(PROFILING_SITE), env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))) if p)
@@ -199,7 +203,7 @@ def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[i
 
 
 def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, why: str, read: list[str],
-              assumed: list[str]) -> tuple[ModelSpec, tuple[int, int]]:
+              assumed: list[str]) -> tuple[ModelSpec, Tokens]:
     """A model with no repeated transformer block (a CNN, an RNN, an unusual architecture) described by what it
     was measured to cost: a stack of MLP blocks (two GEMMs h -> f -> h, attention reduced to one head of width 1)
     holding its parameter count, run over as many positions per sample as make its forward FLOPs (counted by
@@ -210,7 +214,7 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     batch, params = int(rank0.get("train_micro_batch_size_per_gpu") or 0), int(model_doc.get("num_params") or 0)
     if not (flops and saved and batch and params):
         raise LookupError(why)
-    layers = max(1, int(model_doc.get("weight_layers") or 2) // 2)
+    layers = max(1, int(model_doc.get("num_weight_layers") or 2) // 2)
     hidden = max(1, round(math.sqrt(params / (8 * layers))))
     base = dict(name=name, num_layers=layers, hidden_size=hidden, num_heads=1, num_kv_heads=1, attention_head_dim=1,
                 vocab_size=0, max_position_embeddings=1, position_embedding="none", tied_embeddings=False,
@@ -232,8 +236,7 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     return spec.replace(activation_scale=round(saved / formula, 4)), (batch, positions)
 
 
-def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: tuple[int, int], decoder: tuple[int, int],
-                            read: list[str]) -> tuple[int, int]:
+def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: Tokens, decoder: Tokens, read: list[str]) -> Tokens:
     """(micro-batch, positions) of an encoder-decoder (T5, BART) described as one stack of both (the catalog's
     zerotune.predictor.catalog._hf_layers): the encoder runs over the input ids' length, the decoder over its own
     (the repeated block the hook sees is the decoder's, the larger with its cross-attention); the stack runs at
@@ -247,35 +250,35 @@ def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: tuple[int, int], deco
     return tokens[0], mean
 
 
-def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
-    """The profiling run's files read back; ValueError (one line) when the model's structure could not be read."""
-    model_doc = _load(Path(f"{prefix}.model.json"))
-    ranks = [d for d in (_load(Path(f"{prefix}.rank{r}.json")) for r in range(world_size)) if d]
-    if model_doc is None:
-        raise ValueError("the profiling run did not reach deepspeed.initialize")
-    rank0 = next((d for d in ranks if d.get("rank") == 0), {})
-    read, assumed = list(model_doc.get("read", [])), list(model_doc.get("assumed", []))
+def _positions(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], read: list[str]
+               ) -> tuple[Tokens | None, Tokens | None]:
+    """(what the blocks run over, where the first block's saved bytes were counted): the first token input, or the
+    first block's input where the model gets no token ids or the two disagree at the same batch."""
     tokens = _token_input(rank0.get("inputs"))
     if tokens:
         read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
     structure = model_doc.get("structure") or {}
     blocks_see = _block_tokens(rank0, int(structure.get("hidden_size") or 0)) if structure else None
-    saved_at = tokens  # where the first block's saved bytes were counted
     hf = model_doc.get("hf_config") or {}
-    if hf.get("is_encoder_decoder") and tokens and blocks_see and blocks_see[0] == tokens[0] \
-            and blocks_see[1] != tokens[1]:
-        tokens, saved_at = _encoder_decoder_tokens(hf, tokens, blocks_see, read), blocks_see
-    elif tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
+    if tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
+        if hf.get("is_encoder_decoder"):
+            return _encoder_decoder_tokens(hf, tokens, blocks_see, read), blocks_see
         # a script that feeds s + 1 ids and shifts them itself (inputs ids[:, :-1], targets ids[:, 1:]) runs its
         # blocks over s positions: the blocks' sequence is the one that costs time and memory
-        tokens = saved_at = blocks_see
-        read.append(f"the blocks run over {tokens[1]} positions (the first block's input)")
-    if tokens is None and structure:  # no token ids seen (a ViT's images, embeddings passed in): the first block's
-        tokens = saved_at = _block_tokens(rank0, int(structure.get("hidden_size") or 0))
-        if tokens:
-            read.append(f"input {tokens[0]} x {tokens[1]} vectors (micro-batch x sequence) at the first block")
+        read.append(f"the blocks run over {blocks_see[1]} positions (the first block's input)")
+        return blocks_see, blocks_see
+    if tokens is None and blocks_see:  # no token ids seen (a ViT's images, embeddings passed in)
+        read.append(f"input {blocks_see[0]} x {blocks_see[1]} vectors (micro-batch x sequence) at the first block")
+        return blocks_see, blocks_see
+    return tokens, tokens
+
+
+def _described(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, tokens: Tokens | None,
+               read: list[str], assumed: list[str]) -> tuple[ModelSpec, Tokens | None, bool]:
+    """(spec, positions, whether it is a stand-in): the structure or config read, else the stand-in of the
+    model's measured costs where the site measured them; ValueError (one line) when neither."""
     try:
-        spec = _spec(model_doc, name, tokens[1] if tokens else None, read, assumed)
+        return _spec(model_doc, name, tokens[1] if tokens else None, read, assumed), tokens, False
     except (LookupError, ValueError, TypeError) as exc:
         if not rank0.get("stand_in"):  # the site measured a stand-in's costs only where nothing else describes it
             raise ValueError(f"cannot read this model's structure ({exc})") from None
@@ -284,16 +287,24 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         except (LookupError, ValueError) as missing:
             raise ValueError(f"cannot read this model's structure ({missing}), and its forward's FLOPs and saved "
                              "bytes were not measured") from None
-        stand_in = True
-    else:
-        stand_in = False
-    if not stand_in:
-        spec = _functional_head(spec, rank0, read)
+        return spec, tokens, True
+
+
+def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
+    """The profiling run's files read back; ValueError (one line) when the model's structure could not be read."""
+    model_doc = _load(Path(f"{prefix}.model.json"))
+    ranks = [d for d in (_load(Path(f"{prefix}.rank{r}.json")) for r in range(world_size)) if d]
+    if model_doc is None:
+        raise ValueError("the profiling run did not reach deepspeed.initialize")
+    rank0 = next((d for d in ranks if d.get("rank") == 0), {})
+    read, assumed = list(model_doc.get("read", [])), list(model_doc.get("assumed", []))
+    tokens, saved_at = _positions(model_doc, rank0, read)
+    spec, tokens, stand_in = _described(model_doc, rank0, name, tokens, read, assumed)
     training = model_doc.get("training")
     if stand_in and isinstance(training, dict):  # the stand-in is all blocks: what is frozen is frozen in them
         training = {**training, "frozen_block_params": int(training.get("frozen_block_params") or 0)
                     + int(training.get("frozen_outer_params") or 0), "frozen_outer_params": 0}
-    spec = _training(spec, training, read)
+    spec = _training(spec if stand_in else _functional_head(spec, rank0, read), training, read)
     per_step = int(rank0.get("forward_calls") or 0)
     calls = max(int(rank0.get("block_calls") or 0), int(rank0.get("inner_calls") or 0))
     recompute = per_step > 0 and calls >= RECOMPUTED_CALLS * per_step

@@ -641,20 +641,22 @@ def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | N
     if not Path(args.script).is_file():
         raise ValueError(f"training script {args.script}: no such file; give the path of the script to tune")
     try:
-        command: UserCommand | None = split_user_command(args.script, args.script_args)
+        command = split_user_command(args.script, args.script_args)
     except ValueError:
         if not args.tune_ds_config:
             raise
-        command = None
-    if args.tune_ds_config and (command is None or command.ds_config_path.resolve() !=
-                                Path(args.tune_ds_config).resolve()):
-        # --deepspeed before the script is the built-in workload's flag: the script would never see it
-        name = Path(args.script).name
-        raise ValueError(f"--deepspeed {args.tune_ds_config} before the script configures the built-in workload; "
-                         f"pass the ds_config among {name}'s arguments, as the script reads it (e.g. {name} "
-                         f"--deepspeed_config {args.tune_ds_config})")
-    assert command is not None
+        raise _config_before_the_script(args) from None
+    if args.tune_ds_config and command.ds_config_path.resolve() != Path(args.tune_ds_config).resolve():
+        raise _config_before_the_script(args)
     return command, args.model, args.seq_len
+
+
+def _config_before_the_script(args: argparse.Namespace) -> ValueError:
+    """--deepspeed before the script is the built-in workload's flag: the script would never see that config."""
+    name = Path(args.script).name
+    return ValueError(f"--deepspeed {args.tune_ds_config} before the script configures the built-in workload; pass "
+                      f"the ds_config among {name}'s arguments, as the script reads it (e.g. {name} --deepspeed_config "
+                      f"{args.tune_ds_config})")
 
 
 def _default_hardware() -> str:

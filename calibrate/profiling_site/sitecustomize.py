@@ -6,10 +6,10 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   no zerotune package name enters the user's process);
 - every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes and the
   first block's input shape (forward pre-hooks), forward calls of the first block and of its first module with
-  parameters per micro-step (2 when activation checkpointing recomputes it in backward), the bytes the first block keeps for backward in its first
-  forward (saved-tensor hooks; for a model without a repeated block, the whole model's, and its first forward's
-  FLOPs), calls to scaled_dot_product_attention and their dropout, wall seconds per
-  optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
+  parameters per micro-step (2 when activation checkpointing recomputes it in backward), the bytes the first
+  block keeps for backward in its first forward (saved-tensor hooks; for a model without a repeated block, the
+  whole model's, and its first forward's FLOPs), calls to scaled_dot_product_attention and their dropout, wall
+  seconds per optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
   max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings); rank 0
   also times one matmul and one tensor copy before the first step (the device's pace today, against the
   calibration's).
@@ -99,8 +99,8 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
             if state.get("block_input") is None:
                 state["block_input"] = _shapes(args[:1], {})
         blocks[0].register_forward_pre_hook(count)
-        inner = next((m for m in blocks[0].modules() if m is not blocks[0] and any(True for _ in
-                                                                                  m.parameters(recurse=False))), None)
+        inner = next((m for m in blocks[0].modules()
+                      if m is not blocks[0] and next(m.parameters(recurse=False), None) is not None), None)
         if inner is not None:  # a script that checkpoints inside its block (torch.utils.checkpoint of a method)
             def count_inner(*_: Any) -> None:  # recomputes this module without calling the block again
                 state["inner_calls"] += 1
