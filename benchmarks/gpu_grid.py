@@ -1,0 +1,241 @@
+"""A measured grid of real DeepSpeed runs on one GPU: the plan, the predictions made before measuring, and the report.
+
+    python -m benchmarks.gpu_grid plan --out data/measurements/gpu_grid/plan.json
+    python -m benchmarks.gpu_grid predict --plan ... --hardware h200 --profile data/profiles/h100-80gb.json --out F
+    (on the GPU machine) python benchmarks/gpu_grid_worker.py --plan plan.json --out rows.jsonl --deadline T
+    python -m benchmarks.gpu_grid ingest --plan ... --rows rows.jsonl --env env.json --hardware h200 --out F.jsonl
+    python -m benchmarks.gpu_grid report --grid F.jsonl [--predictions P.jsonl] [--fit_on calibration]
+
+The plan holds Hugging Face models (GPT-2 small to XL, BERT-large for sequence classification, a Llama-3.2-1B
+shape), ZeRO stages 0-3 at a base micro-batch per model, micro-batch doubling at ZeRO-1 until the first
+out-of-memory (`chain`: the worker skips a chain's larger sizes after its first OOM), bf16 and fp16, Hugging Face
+gradient checkpointing, eager and SDPA attention, gradient accumulation 4, and ZeRO-Offload of the optimizer. The
+six probes `zerotune calibrate` chooses for GPT-2 medium (`calibrate.probe.select_probes`) are runs of the plan
+(`calibration` in their `role`), so the profile is fitted on the runs calibrate itself picks and scored on the rest.
+Runs are in priority order: when the device time runs out, the tail is what is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from zerotune.calibrate.measurement import Measurement, from_record, to_record
+from zerotune.calibrate.probe import select_probes
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model, \
+    parse_ds_config, to_ds_config
+from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig, experiment_name
+
+ROOT = Path(__file__).resolve().parent.parent
+GRID_DIR = ROOT / "data" / "measurements" / "gpu_grid"
+CALIBRATION_MODEL = "gpt2-medium"
+MAX_MICRO_BATCH = 512
+FP16_SCALE_POWER = 8
+STEPS_PER_RUN = 14  # the worker's warm-up, timed and phase-timed steps (offload runs: fewer)
+RUN_OVERHEAD_S = 5.0  # model build and deepspeed.initialize, per run
+OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}
+"""Every run's optimizer section. On the device: torch's AdamW ("torch_adam": true, DeepSpeed's engine builds
+torch.optim.AdamW, runtime/engine.py _configure_basic_optimizer) so no CUDA extension is compiled inside the
+lease; with offload, DeepSpeedCPUAdam (what an offloading user gets; compiled once at the start)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GridModel:
+    arch: str
+    """The worker's model builder (benchmarks/gpu_grid_worker.py hf_model)."""
+    attn: str
+    """transformers' attn_implementation: 'eager' or 'sdpa'."""
+    model: str
+    """What zerotune predicts: a catalog name, or a file under data/measurements/gpu_grid/models/."""
+    seq_len: int
+    base_micro: int
+
+
+MODELS = {
+    "gpt2": GridModel("gpt2", "eager", "gpt2", 1024, 16),
+    "gpt2-medium": GridModel("gpt2-medium", "eager", "gpt2-medium", 1024, 8),
+    "gpt2-medium-sdpa": GridModel("gpt2-medium", "sdpa", "models/gpt2-medium-sdpa.yaml", 1024, 8),
+    "gpt2-large": GridModel("gpt2-large", "eager", "gpt2-large", 1024, 8),
+    "gpt2-xl": GridModel("gpt2-xl", "eager", "gpt2-xl", 1024, 4),
+    "bert-large": GridModel("bert-large", "eager", "bert-large", 512, 32),
+    "llama-3.2-1b": GridModel("llama-3.2-1b", "sdpa", "models/llama-3.2-1b.yaml", 2048, 4),
+}
+
+
+def model_arg(model: str) -> str:
+    """A grid model field as --model takes it: catalog names as they are, grid files as absolute paths."""
+    return str(GRID_DIR / model) if model.startswith("models/") else model
+
+
+def _config(stage: int, micro: int, gas: int = 1, precision: str = "bf16", ckpt: bool = False,
+            offload: bool = False) -> DSConfig:
+    cfg = DSConfig(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=precision,
+                   optimizer_impl="fused" if offload else "torch")
+    cfg = cfg.replace_zero(stage=stage, overlap_comm=stage == 3)
+    if offload:
+        cfg = cfg.replace_zero(offload_optimizer=OffloadConfig(device="cpu"))
+    if ckpt:
+        cfg = cfg.replace(activation_checkpointing=ActivationCheckpointing(enabled=True))
+    return cfg
+
+
+def _run(name: str, cfg: DSConfig, role: str, seq_len: int | None = None, chain: str = "") -> dict[str, Any]:
+    gm = MODELS[name]
+    seq = seq_len or gm.seq_len
+    ds = to_ds_config(cfg, 1)
+    ds.pop("activation_checkpointing", None)  # the worker switches HF gradient checkpointing on instead
+    offload = cfg.zero.offload_optimizer.device != "none"
+    params = {**OPTIMIZER["params"], **({} if offload else {"torch_adam": True})}
+    ds.update(optimizer={"type": OPTIMIZER["type"], "params": params}, steps_per_print=1_000_000,
+              wall_clock_breakdown=False)
+    if cfg.precision == "fp16":  # a random model overflows at 2^16 for several steps; skipped steps are not timed
+        ds["fp16"] = {**ds["fp16"], "initial_scale_power": FP16_SCALE_POWER}
+    suffix = "".join([f"_seq{seq}" if seq != gm.seq_len else "", "_ckpt" if cfg.activation_checkpointing.enabled
+                      else "", "_offload" if offload else "", f"_{cfg.precision}" if cfg.precision != "bf16" else ""])
+    return {"id": f"{name}_{experiment_name(cfg)}{suffix}", "name": name, "arch": gm.arch, "attn": gm.attn,
+            "model": gm.model, "seq_len": seq, "micro_batch": cfg.train_micro_batch_size_per_gpu,
+            "checkpointing": cfg.activation_checkpointing.enabled, "offload": offload, "role": role,
+            "chain": chain, "ds_config": ds}
+
+
+def _doubling(name: str, start: int, role: str, **kw: Any) -> list[dict[str, Any]]:
+    """ZeRO-1 from `start` doubling to MAX_MICRO_BATCH; the worker stops the chain at its first OOM."""
+    out, micro = [], start
+    while micro <= MAX_MICRO_BATCH:
+        cfg = _config(1, micro, **kw)
+        out.append(_run(name, cfg, role, chain=f"{name}_z1{'_ckpt' if kw.get('ckpt') else ''}"))
+        micro *= 2
+    return out
+
+
+def calibration_runs(hardware: str = "h200") -> list[dict[str, Any]]:
+    """The probes `zerotune calibrate` itself chooses for the calibration model on this GPU."""
+    gm = MODELS[CALIBRATION_MODEL]
+    job = Job(load_model(gm.model), ClusterSpec(load_hardware(hardware), 1, 1), gm.seq_len)
+    probes = select_probes(job, DSConfig(precision="bf16", optimizer_impl="torch"))
+    return [_run(CALIBRATION_MODEL, p.config, "calibration", seq_len=p.seq_len) for p in probes]
+
+
+def plan(hardware: str = "h200") -> list[dict[str, Any]]:
+    runs = calibration_runs(hardware)
+    for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-large", "llama-3.2-1b"):
+        runs += [_run(name, _config(stage, MODELS[name].base_micro), "stages") for stage in (0, 1, 2, 3)]
+    for name in ("gpt2-xl", "llama-3.2-1b"):
+        runs += [_run(name, _config(stage, 1), "stages") for stage in (1, 3)]
+    for name in ("gpt2-xl", "llama-3.2-1b", "gpt2-large", "bert-large", "gpt2-medium", "gpt2"):
+        runs += _doubling(name, 2 * MODELS[name].base_micro, "largest")
+    runs += [_run("gpt2-medium", _config(s, 8, precision="fp16"), "fp16") for s in (0, 1, 2)]
+    runs += [_run("gpt2-xl", _config(1, 4, precision="fp16"), "fp16")]
+    runs += [_run("gpt2-medium-sdpa", _config(s, 8), "attention") for s in (0, 1, 2, 3)]
+    runs += _doubling("gpt2-medium-sdpa", 16, "attention")
+    runs += [_run("gpt2-large", _config(1, 8, ckpt=True), "checkpointing"),
+             _run("gpt2-xl", _config(3, 4, ckpt=True), "checkpointing")]
+    runs += _doubling("llama-3.2-1b", 16, "checkpointing", ckpt=True)
+    runs += [_run("gpt2-large", _config(3, 4, gas=2), "accumulation")]
+    runs += [_run(name, _config(s, MODELS[name].base_micro, offload=True), "offload")
+             for name, s in (("gpt2-large", 2), ("gpt2-xl", 2), ("llama-3.2-1b", 3))]
+    seen: set[str] = set()
+    unique = [r for r in runs if not (r["id"] in seen or seen.add(r["id"]))]
+    for run, pred in zip(unique, predict_rows(unique, hardware, Efficiency())):
+        run["budget_s"] = round(STEPS_PER_RUN * pred["step_s"] + RUN_OVERHEAD_S, 1)
+    return unique
+
+
+def run_config(run: dict[str, Any]) -> DSConfig:
+    """The DSConfig zerotune predicts for a planned run (its checkpointing as the worker runs it)."""
+    cfg = parse_ds_config(run["ds_config"])
+    if run["checkpointing"]:
+        cfg = cfg.replace(activation_checkpointing=ActivationCheckpointing(enabled=True))
+    return cfg
+
+
+def run_job(run: dict[str, Any], hardware: str) -> Job:
+    return Job(load_model(model_arg(run["model"])), ClusterSpec(load_hardware(hardware), 1, 1), run["seq_len"])
+
+
+def predict_rows(runs: Sequence[dict[str, Any]], hardware: str, eff: Efficiency) -> list[dict[str, Any]]:
+    out = []
+    for run in runs:
+        est = estimate(run_job(run, hardware), run_config(run), eff)
+        out.append({"id": run["id"], "hardware": hardware, "step_s": est.time.step_s,
+                    "peak_memory_bytes": est.memory.total_bytes, "fits": est.memory.fits})
+    return out
+
+
+def to_measurement(run: dict[str, Any], row: dict[str, Any], hardware: str) -> Measurement | None:
+    """A worker row as a Measurement (None for runs the worker skipped)."""
+    status = row["status"]
+    if status == "skipped":
+        return None
+    ok = status == "ok"
+    cfg = run_config(run)
+    step = row.get("step_s") if ok else None
+    return Measurement(
+        model=run["model"], hardware=hardware, num_nodes=1, num_gpus_per_node=1, seq_len=run["seq_len"], config=cfg,
+        status=status, step_s=step, throughput_samples_per_s=cfg.samples_per_step(1) / step if step else None,
+        step_s_rel_error=row.get("step_s_rel_error") if ok else None,
+        peak_memory_bytes=row.get("peak_memory_bytes") if ok else None,
+        reserved_memory_bytes=row.get("reserved_memory_bytes") if ok else None,
+        forward_s=row.get("forward_s"), backward_s=row.get("backward_s"), optimizer_s=row.get("optimizer_s"),
+        source=f"data/measurements/gpu_grid/{hardware}_rows.jsonl#{run['id']}", reason=row.get("reason", ""))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_grid(path: Path) -> list[tuple[str, Measurement]]:
+    """(run id, Measurement) pairs of an ingested grid file, model paths resolved."""
+    out = []
+    for rec in _read_jsonl(path):
+        run_id = rec["source"].rsplit("#", 1)[1]
+        rec = {**rec, "model": model_arg(rec["model"])}
+        out.append((run_id, from_record(rec)))
+    return out
+
+
+def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_grid", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("plan")
+    a.add_argument("--hardware", default="h200")
+    a.add_argument("--out", type=Path, required=True)
+    a = sub.add_parser("predict")
+    a.add_argument("--plan", type=Path, required=True)
+    a.add_argument("--hardware", required=True)
+    a.add_argument("--profile", type=Path)
+    a.add_argument("--out", type=Path, required=True)
+    a = sub.add_parser("ingest")
+    a.add_argument("--plan", type=Path, required=True)
+    a.add_argument("--rows", type=Path, required=True)
+    a.add_argument("--hardware", required=True)
+    a.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.cmd == "plan":
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"hardware": args.hardware, "runs": plan(args.hardware)}, indent=1) + "\n")
+        return 0
+    runs = json.loads(args.plan.read_text())["runs"]
+    if args.cmd == "predict":
+        from zerotune.calibrate.profiles import load_profile
+        eff = load_profile(args.profile).efficiency if args.profile else Efficiency()
+        _write_jsonl(args.out, predict_rows(runs, args.hardware, eff))
+        return 0
+    by_id = {r["id"]: r for r in runs}
+    measured = [to_measurement(by_id[row["id"]], row, args.hardware) for row in _read_jsonl(args.rows)]
+    _write_jsonl(args.out, (to_record(m) for m in measured if m is not None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
