@@ -199,6 +199,117 @@ def read_grid(path: Path) -> list[tuple[str, Measurement]]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    run: dict[str, Any]
+    m: Measurement
+    predicted: dict[str, Any]
+    """Efficiency label -> (step seconds, total bytes, fits)."""
+
+
+def score(runs: Sequence[dict[str, Any]], grid: Sequence[tuple[str, Measurement]], hardware: str,
+          effs: dict[str, Efficiency]) -> list[Scored]:
+    by_id = {r["id"]: r for r in runs}
+    out = []
+    for run_id, m in grid:
+        run = by_id[run_id]
+        job, cfg = run_job(run, hardware), run_config(run)
+        pred = {}
+        for label, eff in effs.items():
+            est = estimate(job, cfg, eff)
+            pred[label] = (est.time.step_s, est.memory.total_bytes, est.memory.fits)
+        out.append(Scored(run, m, pred))
+    return out
+
+
+def _rel(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas
+
+
+def _summary(errors: list[float]) -> str:
+    if not errors:
+        return "-"
+    return f"median {100 * statistics.median(errors):.1f}%, worst {100 * max(errors):.1f}% (n={len(errors)})"
+
+
+def _group(run: dict[str, Any], precision: str) -> tuple[str, int, str]:
+    return run["name"], run["seq_len"], precision
+
+
+def report_lines(scored: Sequence[Scored], labels: Sequence[str]) -> list[str]:
+    """The figures issue-style: peak memory, step time, largest micro-batch, ZeRO-3 / ZeRO-1, best ranked first,
+    each on the runs not used for fitting (role != calibration)."""
+    held = [s for s in scored if s.run["role"] != "calibration"]
+    ok = [s for s in held if s.m.status == "ok"]
+    lines = [f"runs: {len(scored)} measured ({sum(s.m.status == 'ok' for s in scored)} ok, "
+             f"{sum(s.m.status == 'oom' for s in scored)} oom); scored: {len(held)} not used for fitting"]
+    for label in labels:
+        mem = [_rel(s.predicted[label][1], s.m.peak_memory_bytes) for s in ok if s.m.peak_memory_bytes]
+        step = [_rel(s.predicted[label][0], s.m.step_s) for s in ok]
+        verdicts = sum(s.predicted[label][2] == (s.m.status == "ok") for s in held)
+        lines += [f"[{label}] peak memory error: {_summary(mem)}",
+                  f"[{label}] step time error: {_summary(step)}",
+                  f"[{label}] fit / out-of-memory verdicts agreeing: {verdicts} / {len(held)}"]
+        lines += _largest(scored, label) + _ratios(scored, label) + _ranking(scored, label)
+    return lines
+
+
+def _largest(scored: Sequence[Scored], label: str) -> list[str]:
+    chains: dict[str, list[Scored]] = {}
+    for s in scored:
+        if s.run["chain"]:
+            chains.setdefault(s.run["chain"], []).append(s)
+    out = []
+    for chain, members in chains.items():
+        if not any(s.m.status == "oom" for s in members):
+            continue  # the chain ended before memory did: no measured limit
+        measured = max((s.run["micro_batch"] for s in members if s.m.status == "ok"), default=0)
+        predicted = max((s.run["micro_batch"] for s in members if s.predicted[label][2]), default=0)
+        steps = abs((predicted or 1).bit_length() - (measured or 1).bit_length())
+        out.append(f"[{label}] largest micro-batch {chain}: predicted {predicted}, measured {measured} "
+                   f"({'exact' if steps == 0 else f'{steps} doubling(s) off'})")
+    return out
+
+
+def _ratios(scored: Sequence[Scored], label: str) -> list[str]:
+    def key(s: Scored, stage: int) -> tuple:
+        c = s.m.config
+        return (s.run["name"], s.run["seq_len"], c.precision, c.train_micro_batch_size_per_gpu,
+                c.gradient_accumulation_steps, c.activation_checkpointing.enabled,
+                c.zero.offload_optimizer.device, stage)
+    ok = {key(s, s.m.config.zero.stage): s for s in scored if s.m.status == "ok"}
+    out = []
+    for k, z3 in ok.items():
+        z1 = ok.get(k[:-1] + (1,)) if k[-1] == 3 else None
+        if z1 is None:
+            continue
+        meas = z3.m.step_s / z1.m.step_s
+        pred = z3.predicted[label][0] / z1.predicted[label][0]
+        out.append(f"[{label}] ZeRO-3 / ZeRO-1 {k[0]} mb{k[3]}: predicted {pred:.2f}, measured {meas:.2f} "
+                   f"({100 * (pred - meas) / meas:+.0f}%)")
+    return out
+
+
+def _ranking(scored: Sequence[Scored], label: str) -> list[str]:
+    groups: dict[tuple, list[Scored]] = {}
+    for s in scored:
+        if s.m.status == "ok":
+            groups.setdefault(_group(s.run, s.m.config.precision), []).append(s)
+    out, hits, total = [], 0, 0
+    for g, members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        def thr(s: Scored, step: float) -> float:
+            return s.m.config.samples_per_step(1) / step
+        best = max(members, key=lambda s: thr(s, s.m.step_s))
+        pick = max(members, key=lambda s: thr(s, s.predicted[label][0]))
+        total += 1
+        hits += pick is best
+        out.append(f"[{label}] {g[0]} {g[2]}: measured best {best.run['id']}, ranked first {pick.run['id']} "
+                   f"(pick / best {thr(pick, pick.m.step_s) / thr(best, best.m.step_s):.3f})")
+    return out + [f"[{label}] measured best ranked first: {hits} / {total} models"]
+
+
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
@@ -215,6 +326,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.add_argument("--hardware", required=True)
     a.add_argument("--profile", type=Path)
     a.add_argument("--out", type=Path, required=True)
+    a = sub.add_parser("report")
+    a.add_argument("--plan", type=Path, default=GRID_DIR / "plan.json")
+    a.add_argument("--grid", type=Path, default=GRID_DIR / "h200_grid.jsonl")
+    a.add_argument("--hardware", default="h200")
+    a.add_argument("--profile", type=Path, action="append", default=[],
+                   help="also score predictions with this profile's efficiency (repeatable)")
     a = sub.add_parser("ingest")
     a.add_argument("--plan", type=Path, required=True)
     a.add_argument("--rows", type=Path, required=True)
@@ -226,6 +343,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(json.dumps({"hardware": args.hardware, "runs": plan(args.hardware)}, indent=1) + "\n")
         return 0
     runs = json.loads(args.plan.read_text())["runs"]
+    if args.cmd == "report":
+        from zerotune.calibrate.fit import fit
+        from zerotune.calibrate.profiles import load_profile
+        grid = read_grid(args.grid)
+        roles = {r["id"]: r["role"] for r in runs}
+        calibration = [m for run_id, m in grid if roles[run_id] == "calibration"]
+        effs = {"uncalibrated": Efficiency(), "calibrated on the 6 probes": fit(calibration).efficiency}
+        effs.update({f"profile {p.name}": load_profile(p).efficiency for p in args.profile})
+        print("\n".join(report_lines(score(runs, grid, args.hardware, effs), list(effs))))
+        return 0
     if args.cmd == "predict":
         from zerotune.calibrate.profiles import load_profile
         eff = load_profile(args.profile).efficiency if args.profile else Efficiency()
