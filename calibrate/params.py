@@ -59,6 +59,8 @@ PARAMS: tuple[Param, ...] = (
     Param("zero3_param_fetch_s", "ZeRO-3 runs differing in parameter tensors per module", 0.0, 1e-2, "linear", 1e-4),
     Param("grad_hook_s", "ZeRO-2 or 3 runs beside ZeRO-0 or 1", 0.0, 1e-2, "linear", 1e-4),
     Param("tensor_sync_check_s", "16-bit ZeRO-0 runs beside ZeRO-1 or 2", 0.0, 1e-2, "linear", 1e-4),
+    Param("optimizer_tensor_s", "16-bit runs of models differing in parameter tensors per parameter", 0.0, 1e-2,
+          "linear", 1e-4),
     Param("collective_launch_s", "runs differing in collective calls (buckets, ZeRO-3)", 0.0, 1e-2, "linear", 1e-4),
     Param("intra_node_bandwidth_efficiency", "runs on several GPUs differing in communication", 1e-3, 1.5, "log"),
     Param("optimizer_bytes_per_param", "runs differing in the optimizer's share of a step", 16.0, 300.0, "log"),

@@ -113,17 +113,21 @@ class Efficiency:
     stage3.py:1569-1644). Measured: stage 2 backward 72.1 ms against stage 1's 49.7 ms, 22.4 ms over the model's
     388 tensors; ZeRO-1, whose hooks return at once and which books the gradients once after backward, measured
     as stage 0 (50.1 ms) and is not charged it (zero_mechanics.runtime_overhead_s)."""
-    zero3_module_hook_s: float = 4.1e-4
+    zero3_module_hook_s: float = 1.7e-4
     """Per submodule per pass (forward, and again in backward): ZeRO-3's pre/post hooks, the autograd
     Functions that carry the backward hooks, and fetch_sub_module / release_sub_module bookkeeping
-    (parameter_offload.py:337-609, partitioned_param_coordinator.py:310-533). Measured: stage 3 backward
-    163 ms against stage 0's 50 ms; less the gradient hooks above, 90 ms over 220 hooked modules. A 16- and
-    32-layer width-32 model on one CPU rank gave 0.1-0.3 ms per module and pass (benchmarks/zero3_hooks.md)."""
-    zero3_param_fetch_s: float = 3.0e-4
+    (parameter_offload.py:337-609, partitioned_param_coordinator.py:310-533). Fitted with zero3_param_fetch_s
+    on the ZeRO-3 minus ZeRO-1 step time of the same configuration, over the fit-half models of the H200 grid
+    (data/measurements/gpu_grid: bert-large, gpt2-large, gpt2-xl; DeepSpeed 0.19.8, Hugging Face models); the
+    earlier H100 probes of the built-in workload on another host read 410 us (stage 3 backward 163 ms against
+    stage 0's 50 ms). A 16- and 32-layer width-32 model on one CPU rank gave 0.1-0.3 ms per module and pass
+    (benchmarks/zero3_hooks.md). Host time: it varies with the host CPU, which calibration measures."""
+    zero3_param_fetch_s: float = 2.3e-4
     """Per parameter tensor gathered and released: status changes, stream and event handling per tensor
     (partitioned_param_coordinator.py:390-415), the torch.cat of its partitions (partition_parameters.py:795)
-    and free_param on release. Measured: stage 3 forward 165 ms against stage 0's 31.5 ms; less the module
-    hooks, 43 ms over 146 fetched tensors."""
+    and free_param on release. Fitted with zero3_module_hook_s (see there) on the H200 grid's fit half; the H100
+    probes read 300 us (stage 3 forward 165 ms against stage 0's 31.5 ms, less the module hooks, over 146
+    fetched tensors)."""
     collective_launch_s: float = 2.0e-5
     """Per collective issued, on top of the link's latency: DeepSpeed's comm wrapper and torch.distributed's
     dispatch (~10-20 us of Python and C++) and the NCCL kernel launch (~5 us, CUDA launch overhead). Not
@@ -133,5 +137,15 @@ class Efficiency:
     each gradient's inf/nan check, one device synchronisation per tensor (runtime/utils.py:291-295).
     Measured: stage 0's step timer 91 ms (mean of three probes) against 66 ms for stages 1-2, 25 ms over
     388 tensors."""
+    optimizer_tensor_s: float = 1.0e-4
+    """Host seconds per parameter tensor per optimizer step in DeepSpeed's 16-bit optimizer wrappers, whose step
+    walks the tensors one by one in Python: ZeRO-1/2 flattens each tensor's gradient into the partition
+    (runtime/zero/stage_1_and_2.py:2750-2770 get_flat_partition) and takes its norm with a cast and a
+    vector_norm per tensor (:2678-2685 get_grad_norm_direct); FP16_UnfusedOptimizer takes per-tensor norms, casts
+    each gradient to fp32 and copies each fp32 master back (runtime/fp16/unfused_optimizer.py:210-239). The
+    kernels are tiny; the host's calls are the step's time. Measured on one H200 (data/measurements/gpu_grid,
+    DeepSpeed's step timer less the predicted memory traffic, over trainable tensors): a median 108 us over the
+    grid's fit-half models (bert-large, gpt2-large, gpt2-xl; stages 0-2), 52-116 us on the test half. Megatron's
+    own optimizer and FSDP are not charged it (zerotune.validate.accuracy.framework_efficiency)."""
     host_optimizer_params_per_s: float = 1.0e9
     """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""

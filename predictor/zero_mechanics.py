@@ -250,7 +250,13 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
     red = grad_reduction(model, cfg)
     reduce_s = red.num_grad_tensors * share * eff.grad_hook_s + red.num_calls * launch
     per_step = 0.0
-    if optimizer_wrapper(cfg) == "fp16":
+    wrapper = optimizer_wrapper(cfg)
+    if wrapper == "fp16" or (wrapper == "zero" and z.stage in (1, 2)):
+        # the wrapper's step walks its tensors in Python (Efficiency.optimizer_tensor_s); ZeRO-1/2 those of the
+        # rank's partition, FP16_Optimizer all of them
+        tensors = model.num_trainable_tensors * share / (num_dp if wrapper == "zero" else 1)
+        per_step += max(1.0, tensors) * eff.optimizer_tensor_s
+    if wrapper == "fp16":
         # FP16_Optimizer.step tests every .grad for inf/nan and branches on it in Python: one device
         # synchronisation per tensor (runtime/utils.py:291-295 has_overflow_serial, 205 has_inf_or_nan).
         per_step += model.num_trainable_tensors * share * eff.tensor_sync_check_s  # its groups: trainable only

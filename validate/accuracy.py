@@ -400,7 +400,8 @@ def framework_efficiency(row: dict[str, Any], eff: Efficiency, config: DSConfig 
     mixed-precision optimizer (Float16OptimizerWithFloat16Params), whose inf/nan test is one multi-tensor
     kernel and one all-reduce of a flag (megatron/optimizer/optimizer.py _unscale_main_grads_and_check_for_nan:
     torch._amp_foreach_non_finite_check_and_unscale_), not DeepSpeed FP16_Optimizer's synchronising test of
-    every gradient (runtime/utils.py:291-295), so that per-tensor cost is not charged either; given the row's
+    every gradient (runtime/utils.py:291-295), so that per-tensor cost is not charged either, nor the per-tensor walk
+    of DeepSpeed's wrappers (Efficiency.optimizer_tensor_s; FSDP neither); given the row's
     configuration, its optimizer moves MEGATRON_WRAPPER_BYTES_PER_PARAM around Adam instead of DeepSpeed's
     wrapper's bytes (the difference comes off optimizer_bytes_per_param, the one knob the step model reads)."""
     framework = str(row.get("framework") or "").lower()
@@ -408,11 +409,12 @@ def framework_efficiency(row: dict[str, Any], eff: Efficiency, config: DSConfig 
         saved = 0.0
         if config is not None and config.precision != "fp32":
             saved = max(0.0, wrapper_bytes_per_param(config) - MEGATRON_WRAPPER_BYTES_PER_PARAM)
-        return dataclasses.replace(eff, tensor_sync_check_s=0.0,
+        return dataclasses.replace(eff, tensor_sync_check_s=0.0, optimizer_tensor_s=0.0,
                                    optimizer_bytes_per_param=eff.optimizer_bytes_per_param - saved)
     if "fsdp" not in framework:
         return eff
-    return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, grad_hook_s=0.0)
+    return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, grad_hook_s=0.0,
+                               optimizer_tensor_s=0.0)
 
 
 def _score_row(row_id: str, row: dict[str, Any], eff: Efficiency) -> tuple[Case | None, _RowScore] | Skip:
