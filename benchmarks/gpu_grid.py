@@ -204,7 +204,29 @@ class Scored:
     run: dict[str, Any]
     m: Measurement
     predicted: dict[str, Any]
-    """Efficiency label -> (step seconds, total bytes, fits)."""
+    """Efficiency label -> (step seconds, live bytes, fits)."""
+
+    @property
+    def half(self) -> str:
+        return model_half(list(MODELS_BY_ARCH), self.run["arch"])
+
+
+MODELS_BY_ARCH = sorted({gm.arch for gm in MODELS.values()})
+
+
+def model_half(archs: Sequence[str], arch: str) -> str:
+    """The grid's split by model, as validate.accuracy splits published data: sorted architectures alternate
+    between the fitting half (bert-large, gpt2-large, gpt2-xl) and the test half (gpt2, gpt2-medium with both
+    attentions, llama-3.2-1b). Defaults fitted on this grid use the fitting half only."""
+    from zerotune.validate.accuracy import model_half as split
+    return split(archs, arch)
+
+
+def live_bytes(mem: Any) -> float:
+    """What max_memory_allocated measures: the predicted peak less the runtime's reserve and the allocator's
+    slack (the caching allocator's reserve above allocation is not allocated memory)."""
+    b = mem.breakdown_bytes
+    return mem.total_bytes - b.get("runtime_reserved", 0.0) - b.get("allocator_slack", 0.0)
 
 
 def score(runs: Sequence[dict[str, Any]], grid: Sequence[tuple[str, Measurement]], hardware: str,
@@ -217,7 +239,7 @@ def score(runs: Sequence[dict[str, Any]], grid: Sequence[tuple[str, Measurement]
         pred = {}
         for label, eff in effs.items():
             est = estimate(job, cfg, eff)
-            pred[label] = (est.time.step_s, est.memory.total_bytes, est.memory.fits)
+            pred[label] = (est.time.step_s, live_bytes(est.memory), est.memory.fits)
         out.append(Scored(run, m, pred))
     return out
 
@@ -244,12 +266,13 @@ def report_lines(scored: Sequence[Scored], labels: Sequence[str]) -> list[str]:
     lines = [f"runs: {len(scored)} measured ({sum(s.m.status == 'ok' for s in scored)} ok, "
              f"{sum(s.m.status == 'oom' for s in scored)} oom); scored: {len(held)} not used for fitting"]
     for label in labels:
-        mem = [_rel(s.predicted[label][1], s.m.peak_memory_bytes) for s in ok if s.m.peak_memory_bytes]
-        step = [_rel(s.predicted[label][0], s.m.step_s) for s in ok]
+        for half in ("test", "fit"):
+            part = [s for s in ok if s.half == half]
+            mem = [_rel(s.predicted[label][1], s.m.peak_memory_bytes) for s in part if s.m.peak_memory_bytes]
+            step = [_rel(s.predicted[label][0], s.m.step_s) for s in part]
+            lines += [f"[{label}] {half} half: peak memory error {_summary(mem)}; step time error {_summary(step)}"]
         verdicts = sum(s.predicted[label][2] == (s.m.status == "ok") for s in held)
-        lines += [f"[{label}] peak memory error: {_summary(mem)}",
-                  f"[{label}] step time error: {_summary(step)}",
-                  f"[{label}] fit / out-of-memory verdicts agreeing: {verdicts} / {len(held)}"]
+        lines += [f"[{label}] fit / out-of-memory verdicts agreeing: {verdicts} / {len(held)}"]
         lines += _largest(scored, label) + _ratios(scored, label) + _ranking(scored, label)
     return lines
 
@@ -310,6 +333,16 @@ def _ranking(scored: Sequence[Scored], label: str) -> list[str]:
     return out + [f"[{label}] measured best ranked first: {hits} / {total} models"]
 
 
+def stored_lines(path: Path, grid: Sequence[tuple[str, Measurement]], roles: dict[str, str]) -> list[str]:
+    """Predictions written before the runs were measured (`predict`), scored as they were: step time against
+    the measured step, memory as stored (the predicted total: live bytes, the allocator's slack and the runtime's
+    reserve) against max_memory_allocated, so this memory figure over-counts by the reserve."""
+    pred = {r["id"]: r for r in _read_jsonl(path)}
+    ok = [(run_id, m) for run_id, m in grid if m.status == "ok" and run_id in pred and roles[run_id] != "calibration"]
+    step = [_rel(pred[i]["step_s"], m.step_s) for i, m in ok]
+    return [f"[stored {path.name}] step time error {_summary(step)}"]
+
+
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
@@ -332,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.add_argument("--hardware", default="h200")
     a.add_argument("--profile", type=Path, action="append", default=[],
                    help="also score predictions with this profile's efficiency (repeatable)")
+    a.add_argument("--predictions", type=Path, action="append", default=[],
+                   help="also score predictions stored before measuring (`predict --out`; repeatable)")
     a = sub.add_parser("ingest")
     a.add_argument("--plan", type=Path, required=True)
     a.add_argument("--rows", type=Path, required=True)
@@ -352,6 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         effs = {"uncalibrated": Efficiency(), "calibrated on the 6 probes": fit(calibration).efficiency}
         effs.update({f"profile {p.name}": load_profile(p).efficiency for p in args.profile})
         print("\n".join(report_lines(score(runs, grid, args.hardware, effs), list(effs))))
+        for path in args.predictions:
+            print("\n".join(stored_lines(path, grid, roles)))
         return 0
     if args.cmd == "predict":
         from zerotune.calibrate.profiles import load_profile

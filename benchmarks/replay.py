@@ -34,7 +34,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from zerotune.calibrate.measurement import Status, read_jsonl
+from zerotune.calibrate.measurement import Measurement, Status, read_jsonl
 from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.catalog import data_dir
 from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Half, Skip, read_rows, row_case, split_rows
@@ -60,6 +60,7 @@ draws of the CPU grid's one group put its share anywhere from 40% to 80% dependi
 PUBLISHED = ("vtrain_single", "bloom_tr11", "llmfoundry_mpt_fsdp", "ds_autotuning_hf_v100")
 """data/measurements/published/<name>.jsonl files with comparable groups of configurations."""
 MEASUREMENTS_DIR = data_dir() / "measurements"
+GPU_GRID_DIR = MEASUREMENTS_DIR / "gpu_grid"
 _profile = lru_cache(maxsize=None)(load_profile_for)
 
 
@@ -137,10 +138,10 @@ def published_groups(path: Path, half: Half | Literal["all"] = "all") -> list[Gr
             if len({repr(r.config) for r in rows}) >= 2]
 
 
-def measurement_groups(path: Path) -> list[Group]:
+def measurement_groups(path: Path, measurements: Sequence[Measurement] | None = None) -> list[Group]:
     """A zerotune measurement grid (zerotune.calibrate.measurement JSONL) grouped by job and global batch."""
     groups: dict[tuple, list[GridRow]] = {}
-    for m in read_jsonl(path):
+    for m in read_jsonl(path) if measurements is None else measurements:
         job = build_job(m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)
         key = (m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)
         groups.setdefault(key, []).append(GridRow(job, m.config, m.status, m.measured_step_s
@@ -154,7 +155,14 @@ def data_sets() -> list[tuple[str, Callable[[], list[Group]]]]:
     sets: list[tuple[str, Callable[[], list[Group]]]] = [
         (name, lambda name=name: published_groups(DEFAULT_DATA_DIR / f"{name}.jsonl")) for name in PUBLISHED]
     sets += [(p.stem, lambda p=p: measurement_groups(p)) for p in sorted(MEASUREMENTS_DIR.glob("*_grid_*.jsonl"))]
+    sets += [(f"gpu_grid/{p.stem}", lambda p=p: gpu_grid_groups(p)) for p in sorted(GPU_GRID_DIR.glob("*_grid.jsonl"))]
     return sets
+
+
+def gpu_grid_groups(path: Path) -> list[Group]:
+    """A GPU grid of benchmarks.gpu_grid (its model files resolved), grouped as any measurement grid."""
+    from benchmarks.gpu_grid import read_grid
+    return measurement_groups(path, [m for _, m in read_grid(path)])
 
 
 # -- one group ----------------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ PARAMS: tuple[Param, ...] = (
     Param("step_overhead_s", "runs differing in gradient accumulation steps", 0.0, 60.0, "linear", 0.1),
     Param("zero3_module_hook_s", "a ZeRO-3 run beside a lower stage", 0.0, 1e-2, "linear", 1e-4),
     Param("zero3_param_fetch_s", "ZeRO-3 runs differing in parameter tensors per module", 0.0, 1e-2, "linear", 1e-4),
+    Param("zero3_gather_s", "ZeRO-3 runs on several GPUs differing in parameter tensors per module", 0.0, 1e-2,
+          "linear", 1e-4),
     Param("grad_hook_s", "ZeRO-2 or 3 runs beside ZeRO-0 or 1", 0.0, 1e-2, "linear", 1e-4),
     Param("tensor_sync_check_s", "16-bit ZeRO-0 runs beside ZeRO-1 or 2", 0.0, 1e-2, "linear", 1e-4),
     Param("optimizer_tensor_s", "16-bit runs of models differing in parameter tensors per parameter", 0.0, 1e-2,

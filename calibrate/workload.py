@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -53,6 +54,12 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size)
 
 
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh-approximated GELU as Hugging Face writes it (transformers activations.py NewGELUActivation):
+    eight eager ops, which the predictor times and whose saved tensors it counts (ModelSpec.activation)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 class Block(nn.Module):
     """One pre-LN transformer block with the tensors ModelSpec.layer_tensors names."""
 
@@ -70,6 +77,7 @@ class Block(nn.Module):
         self.down = nn.Linear(f, h, bias=spec.mlp_bias)
         self.dropout_p = DROPOUT_P if spec.dropout else 0.0
         self.flash = spec.attention == "flash"  # the predictor's activation model follows this field
+        self.gelu_new = spec.activation == "gelu_new"  # so do its time and activation models
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -87,6 +95,8 @@ class Block(nn.Module):
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None:  # SwiGLU (Shazeer 2020), as Llama
             return self.down(F.silu(self.gate(x)) * self.up(x))
+        if self.gelu_new:
+            return self.down(_gelu_new(self.up(x)))
         return self.down(F.gelu(self.up(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,13 +27,19 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     mask = MASK_BYTES if model.dropout else 0
     # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.
     replicated = 4 * h * d + 2 * h * mask
-    # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP.
+    # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP: the
+    # activation's input and the down projection's input, SwiGLU's gate and up outputs and their SiLU and
+    # product, or, for GPT-2's tanh-approximated GELU as eager ops (transformers activations.py
+    # NewGELUActivation: 0.5 * x * (1 + tanh(c (x + 0.044715 x^3)))), what autograd saves of them: x for pow,
+    # tanh's output, and both factors of the last product, then the down projection's input: five tensors of
+    # the MLP's width where torch's fused GELU keeps two (measured on one H200, data/measurements/gpu_grid:
+    # GPT-2's peaks 5-23% above the two-tensor count).
     if model.attention == "flash":
         scores = a * FP32_BYTES  # the fp32 log-sum-exp of each query row, per head
     else:
         scores = a * s * (d + (mask + d if model.dropout else 0))
     attention = (model.q_dim + 2 * kv + model.q_dim) * d + scores
-    mlp = (4 * f if model.gated_mlp else 2 * f) * d
+    mlp = (4 * f if model.gated_mlp else (5 * f if model.activation == "gelu_new" else 2 * f)) * d
     per_token = replicated + (attention + mlp) / tp
     return float(per_token * s * micro_batch * model.activation_scale)
 

@@ -128,6 +128,15 @@ class Efficiency:
     and free_param on release. Fitted with zero3_module_hook_s (see there) on the H200 grid's fit half; the H100
     probes read 300 us (stage 3 forward 165 ms against stage 0's 31.5 ms, less the module hooks, over 146
     fetched tensors)."""
+    zero3_gather_s: float = 7.8e-4
+    """Per parameter tensor fetched, on top of zero3_param_fetch_s, where ZeRO-3 really gathers it (more than one
+    data-parallel rank): all_gather_coalesced allocates the full tensor, views each rank's slice, launches the
+    all-gather and waits for it (partition_parameters.py:1562-1640); with one rank the partition is the tensor
+    and none of it runs (_no_gather_coalesced, :1559-1560), which is why the H200 grid, on one GPU, cannot show it.
+    Fitted on the only ZeRO-3 row of the fit half of the published 16-V100 Hugging Face table
+    (ds_autotuning_hf_v100: bert-base-cased, 2479.5 samples/s, 59 ms a step above the prediction without it, over
+    75 fetched tensors); on its test half it moves GPT-2 XL's ZeRO-3 row from 22.6 to 14.7 samples/s predicted
+    (measured 12.9) and leaves DistilBERT's within 1-7%."""
     collective_launch_s: float = 2.0e-5
     """Per collective issued, on top of the link's latency: DeepSpeed's comm wrapper and torch.distributed's
     dispatch (~10-20 us of Python and C++) and the NCCL kernel launch (~5 us, CUDA launch overhead). Not

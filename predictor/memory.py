@@ -22,7 +22,7 @@ from zerotune.predictor.activations import (checkpoint_bytes_per_layer, embeddin
 from zerotune.predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
 from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.model import ModelSpec
-from zerotune.predictor.zero_mechanics import (STAGE0_ALLREDUCE_BUCKET_ELEMS, grad_bytes_per_param,
+from zerotune.predictor.zero_mechanics import (optimizer_wrapper, STAGE0_ALLREDUCE_BUCKET_ELEMS, grad_bytes_per_param,
                                       transient_fp32_grad_bytes_per_param, zero3_working_set_elems)
 
 __all__ = ["MemoryEstimate", "ModelStates", "estimate_memory", "memory_columns", "model_states", "state_bytes", "TERMS", "PHASES",
@@ -243,14 +243,43 @@ def _phases(job: Job, cfg: DSConfig) -> tuple[dict[str, dict[str, float]], Model
             "optimizer_states": states.optimizer_states}
     retained = acts * job.cluster.hardware.heap_retained_activation_fraction
     phases = {
-        "forward_backward": {**base, "activations": acts, "logits": logits, "heap_retained": retained,
+        "forward_backward": {**base, "gradients": _gradients_at_turn(cfg, states), "activations": acts,
+                             "logits": logits, "heap_retained": retained,
                              "comm_buckets": float(_buckets_beyond_logits(logits, during_bwd, cfg)),
                              "zero3_gathered": gathered},
         "gradient_reduction": {**base, "comm_buckets": after_bwd},
-        "optimizer_step": {**base, "master_gradients": states.master_gradients,
+        "optimizer_step": {**base, "gradients": _gradients_in_step(cfg, states),
+                           "master_gradients": states.master_gradients,
                            "optimizer_temporaries": _foreach_adam_bytes(job, cfg)},
     }
     return phases, states
+
+
+def _gradients_at_turn(cfg: DSConfig, states: ModelStates) -> float:
+    """Gradient bytes alive where forward turns into backward (the activations' and logits' peak). Below stage 3,
+    with one micro-step per step, none yet: autograd creates each .grad as backward reaches it, and the step
+    before dropped them (the engine's zero_grad sets them to None, FP16_UnfusedOptimizer / ZeRO-1/2 zero_grad with
+    set_to_none, fp16/unfused_optimizer.py:110-119, stage_1_and_2.py:2613-2622; ZeRO-2's gradient partition is
+    released after the step, _release_ipg_buffers :922-930). With accumulation the previous micro-steps' gradients
+    are there; BF16_Optimizer's fp32 accumulation buffer lives from start-up (bf16_optimizer.py:191); ZeRO-3
+    partitions are kept. Measured on one H200 (data/measurements/gpu_grid): stages 0-2 peak at the same bytes."""
+    if cfg.zero.stage == 3 or cfg.gradient_accumulation_steps > 1 or optimizer_wrapper(cfg) == "bf16":
+        return states.gradients
+    return 0.0
+
+
+def _gradients_in_step(cfg: DSConfig, states: ModelStates) -> float:
+    """Gradient bytes alive beside the fp32 master gradients in the optimizer step. ZeRO-1/2 flattens its
+    partition's 16-bit gradients, casts them to the fp32 master gradient and frees the 16-bit ones before Adam
+    runs (stage_1_and_2.py:3114-3128, then _optimizer_step at :3138), so only the master gradients remain (the
+    cast's moment holds the 16-bit flat copy, the gradients and the fp32 copy: 8 bytes a parameter, what the
+    master gradients and Adam's temporaries take after it). Measured on one H200: GPT-2 XL and Llama-3.2-1B at
+    micro-batch 1, where the step is the peak, 2.9 and 2.2 GiB (their bf16 gradients) below a count with them."""
+    z = cfg.zero
+    if z.stage in (1, 2) and z.offload_optimizer.device == "none" and optimizer_wrapper(cfg) == "zero" \
+            and cfg.precision != "fp32":
+        return 0.0
+    return states.gradients
 
 
 def _foreach_adam_bytes(job: Job, cfg: DSConfig) -> float:
@@ -310,14 +339,19 @@ def estimate_memory(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency()) -> 
                           nvme_bytes_per_node=states.nvme_bytes * per_node)
 
 
-def memory_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(peak device bytes, host bytes per node) of `cfg` at each micro-batch size in an array: the terms of
-    estimate_memory, with activations and logits scaled from one sample (both are linear in the micro-batch) and
-    the buckets that wait for the logits to go (_buckets_beyond_logits) recomputed from them."""
-    phases, states = _phases(job, cfg.replace(train_micro_batch_size_per_gpu=1))
+def memory_columns(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: np.ndarray,
+                   grad_accum: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(peak device bytes, host bytes per node) of `cfg` at each micro-batch size in an array (and accumulation,
+    `grad_accum`, else cfg's): the terms of estimate_memory, with activations and logits scaled from one sample
+    (both are linear in the micro-batch), the buckets that wait for the logits to go (_buckets_beyond_logits)
+    recomputed from them, and the gradients alive at the forward / backward turn as accumulation sets them."""
+    phases, states = _phases(job, cfg.replace(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1))
     fb = phases["forward_backward"]
     per_sample = fb["activations"] + fb["heap_retained"]
-    fixed = sum(fb.values()) - per_sample - fb["logits"] - fb["comm_buckets"]
+    accumulating = cfg.replace(gradient_accumulation_steps=2)
+    gas = np.full_like(micro_batch, cfg.gradient_accumulation_steps) if grad_accum is None else grad_accum
+    fixed = (sum(fb.values()) - per_sample - fb["logits"] - fb["comm_buckets"]
+             + np.where(gas > 1, _gradients_at_turn(accumulating, states) - fb["gradients"], 0.0))
     logits = micro_batch * fb["logits"]
     forward_backward = (fixed + micro_batch * per_sample + logits
                         + _buckets_beyond_logits(logits, _buckets(job, cfg)[0], cfg))

@@ -85,7 +85,7 @@ def evaluate_space(job: Job, space: SearchSpace, eff: Efficiency = Efficiency())
     memory, host, step, flops = (np.empty(shape) for _ in range(4))
     mbs_f, gas_f = mbs.astype(float), gas.astype(float)
     for row, variant in enumerate(space.variants):
-        memory[row], host[row] = memory_columns(job, variant, eff, mbs_f)
+        memory[row], host[row] = memory_columns(job, variant, eff, mbs_f, gas_f)
         breakdown, _, flops[row] = step_time_columns(job, variant, eff, mbs_f, gas_f)
         step[row] = sum(breakdown.values())
     return SpaceTable(space.variants, mbs, gas, memory, host, step, flops, np.broadcast_to(mbs * gas * dp, shape))

@@ -263,7 +263,8 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
     if z.stage == 3:
         t = zero3_trace(model, cfg)
         hooks = 2 * t.num_hooked_modules * eff.zero3_module_hook_s
-        fetches = (t.num_fetched_tensors_forward + t.num_fetched_tensors_backward) * eff.zero3_param_fetch_s
+        fetched = t.num_fetched_tensors_forward + t.num_fetched_tensors_backward
+        fetches = fetched * (eff.zero3_param_fetch_s + (eff.zero3_gather_s if num_dp > 1 else 0.0))
         gathers = (t.num_gather_calls_forward + t.num_gather_calls_backward) * launch
         return share * (hooks + fetches) + gathers + reduce_s, per_step
     if z.stage == 2:

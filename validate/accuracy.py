@@ -43,7 +43,7 @@ from zerotune.predictor.catalog import data_dir, list_hardware, list_models, loa
 from zerotune.predictor.dsconfig import ActivationCheckpointing, ZeroConfig
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.hardware import HardwareSpec
-from zerotune.predictor.memory import state_bytes
+from zerotune.predictor.memory import model_states, state_bytes
 from zerotune.predictor.zero_mechanics import wrapper_bytes_per_param
 from zerotune.predictor.units import TERA
 
@@ -316,7 +316,13 @@ def _speed(case: Case, est: Estimate) -> Comparison | Skip:
 
 
 def _memory(case: Case, est: Estimate) -> list[Comparison]:
-    metrics, parts = case.row["metrics"], est.memory.breakdown_bytes
+    """Peak memory, and Korthikanti's parts: the activations of the peak's breakdown, and the model states as
+    the model holds them (the peak phase may hold less of them: gradients are not alive yet at the forward /
+    backward turn, predictor/memory.py _gradients_at_turn)."""
+    metrics = case.row["metrics"]
+    states = model_states(case.job, case.config)
+    parts = {**est.memory.breakdown_bytes, "parameters": states.parameters, "gradients": states.gradients,
+             "optimizer_states": states.optimizer_states}
     found = []
     if "peak_memory_bytes" in metrics:
         found.append(Comparison(case.row_id, "peak memory", metrics["peak_memory_bytes"], est.memory.total_bytes))
@@ -413,8 +419,8 @@ def framework_efficiency(row: dict[str, Any], eff: Efficiency, config: DSConfig 
                                    optimizer_bytes_per_param=eff.optimizer_bytes_per_param - saved)
     if "fsdp" not in framework:
         return eff
-    return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, grad_hook_s=0.0,
-                               optimizer_tensor_s=0.0)
+    return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, zero3_gather_s=0.0,
+                               grad_hook_s=0.0, optimizer_tensor_s=0.0)
 
 
 def _score_row(row_id: str, row: dict[str, Any], eff: Efficiency) -> tuple[Case | None, _RowScore] | Skip:

@@ -1,0 +1,115 @@
+"""The GPU grid (data/measurements/gpu_grid, 73 real DeepSpeed runs on one H200): the plan is what calibrate
+chooses, the stored rows read back as measurements, the model's figures on them, the replay, and the worker
+itself under real DeepSpeed on this machine's CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_grid
+from benchmarks.replay import DEFAULT_TOP_K, gpu_grid_groups, replay
+from zerotune.predictor import Efficiency
+
+GRID = gpu_grid.GRID_DIR / "h200_grid.jsonl"
+PLAN = gpu_grid.GRID_DIR / "plan.json"
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    return json.loads(PLAN.read_text())["runs"]
+
+
+@pytest.fixture(scope="module")
+def scored(runs: list[dict]) -> list[gpu_grid.Scored]:
+    return gpu_grid.score(runs, gpu_grid.read_grid(GRID), "h200", {"u": Efficiency()})
+
+
+def test_calibration_runs_are_the_probes_calibrate_chooses(runs: list[dict]) -> None:
+    stored = [r["id"] for r in runs if r["role"] == "calibration"]
+    assert stored == [r["id"] for r in gpu_grid.calibration_runs("h200")]
+    assert 1 <= len(stored) <= 6
+
+
+def test_grid_reads_back_with_its_environment(runs: list[dict]) -> None:
+    grid = gpu_grid.read_grid(GRID)
+    assert len(grid) >= 60  # the issue's floor: at least 60 runs
+    statuses = {m.status for _, m in grid}
+    assert statuses == {"ok", "oom"}
+    env = json.loads((gpu_grid.GRID_DIR / "h200_environment.json").read_text())
+    assert env["gpu"] == "NVIDIA H200" and env["deepspeed"] == "0.19.8"
+    assert {run_id for run_id, _ in grid} <= {r["id"] for r in runs}
+
+
+def test_largest_micro_batch_within_one_doubling(scored: list[gpu_grid.Scored]) -> None:
+    """Measured on the H200 (doubling at ZeRO-1 until the first OOM): the predicted largest power of two that
+    fits is the measured one on six of seven chains and one doubling off on the seventh (Llama with
+    checkpointing, predicted 16 against 32)."""
+    lines = gpu_grid._largest(scored, "u")
+    assert len(lines) == 7
+    assert sum("exact" in line for line in lines) >= 6
+    assert all("exact" in line or "1 doubling(s) off" in line for line in lines)
+
+
+def test_zero3_over_zero1_ratio_on_one_gpu(scored: list[gpu_grid.Scored]) -> None:
+    """Source: the grid's nine ZeRO-3 / ZeRO-1 pairs, measured 1.11-2.15; uncalibrated predictions within 35% of
+    each (they were 1.6-2.6x too high before the hook and fetch defaults were refitted on the fit half)."""
+    lines = gpu_grid._ratios(scored, "u")
+    assert len(lines) == 9
+    for line in lines:
+        predicted, measured = (float(x) for x in re.findall(r"(?:predicted|measured) ([0-9.]+)", line))
+        assert abs(predicted - measured) / measured <= 0.35, line
+
+
+def test_step_time_and_ranking_on_the_test_half(scored: list[gpu_grid.Scored]) -> None:
+    """Test-half models only (gpt2, gpt2-medium, llama-3.2-1b): median step-time error uncalibrated was 15.0%
+    when measured (32% with the model the predictions were stored from, before the optimizer's per-tensor cost);
+    the measured fastest configuration of every model is ranked first."""
+    test = [s for s in scored if s.half == "test" and s.m.status == "ok" and s.run["role"] != "calibration"]
+    errors = sorted(abs(s.predicted["u"][0] - s.m.step_s) / s.m.step_s for s in test)
+    assert errors[len(errors) // 2] <= 0.20
+    ranking = gpu_grid._ranking(scored, "u")
+    assert ranking[-1].endswith("8 / 8 models")
+
+
+def test_replay_on_the_gpu_grid() -> None:
+    """The real tune search against the measured H200 grid: every group's choice within 3% of its best, at most
+    3 experiments per group (measured 100%, 2.14 mean, 3 max)."""
+    groups = gpu_grid_groups(GRID)
+    result = replay(groups, "gpu_grid", DEFAULT_TOP_K)
+    assert len(groups) == 7
+    assert result.within_share == pytest.approx(1.0)
+    assert max(o.num_experiments for o in result.outcomes) <= 3
+
+
+@pytest.mark.deepspeed
+def test_worker_runs_real_deepspeed_on_the_cpu(tmp_path: Path) -> None:
+    """gpu_grid_worker.py as it ran on the H200, here on the CPU (one process, world size 1, gloo): a tiny GPT-2
+    at ZeRO-1 and ZeRO-3, one row each with its step time and phases; a row already in --out is not run again."""
+    saved = gpu_grid.MODELS.copy()
+    gpu_grid.MODELS["tiny"] = gpu_grid.GridModel("gpt2-tiny", "eager", "gpt2", 32, 2)
+    try:
+        plan = [gpu_grid._run("tiny", gpu_grid._config(stage, 2, precision="fp32"), "stages") for stage in (1, 3)]
+    finally:
+        gpu_grid.MODELS.clear()
+        gpu_grid.MODELS.update(saved)
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": plan}))
+    out = tmp_path / "rows.jsonl"
+    out.write_text(json.dumps({"id": plan[1]["id"], "status": "ok", "step_s": 1.0}) + "\n")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29533"}
+    worker = Path(gpu_grid.__file__).with_name("gpu_grid_worker.py")
+    proc = subprocess.run([sys.executable, str(worker), "--plan", str(tmp_path / "plan.json"), "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [plan[1]["id"], plan[0]["id"]]
+    row = rows[1]
+    assert row["status"] == "ok" and row["optimizer_class"] == "DeepSpeedZeroOptimizer"
+    assert row["step_s"] > 0 and row["forward_s"] > 0 and row["backward_s"] > 0
+    assert len(row["steps"]) == 10
