@@ -335,12 +335,20 @@ def _ranking(scored: Sequence[Scored], label: str) -> list[str]:
 
 def stored_lines(path: Path, grid: Sequence[tuple[str, Measurement]], roles: dict[str, str]) -> list[str]:
     """Predictions written before the runs were measured (`predict`), scored as they were: step time against
-    the measured step, memory as stored (the predicted total: live bytes, the allocator's slack and the runtime's
-    reserve) against max_memory_allocated, so this memory figure over-counts by the reserve."""
+    the measured step, per half of the models."""
     pred = {r["id"]: r for r in _read_jsonl(path)}
     ok = [(run_id, m) for run_id, m in grid if m.status == "ok" and run_id in pred and roles[run_id] != "calibration"]
-    step = [_rel(pred[i]["step_s"], m.step_s) for i, m in ok]
-    return [f"[stored {path.name}] step time error {_summary(step)}"]
+    lines = []
+    for half in ("test", "fit"):
+        step = [_rel(pred[i]["step_s"], m.step_s) for i, m in ok if model_half(MODELS_BY_ARCH, _arch(i)) == half]
+        lines.append(f"[stored {path.name}] {half} half: step time error {_summary(step)}")
+    return lines
+
+
+def _arch(run_id: str) -> str:
+    """The architecture of a grid run id (its grid model name comes first)."""
+    name = max((n for n in MODELS if run_id.startswith(n + "_")), key=len)
+    return MODELS[name].arch
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
