@@ -37,7 +37,8 @@ import numpy as np
 from zerotune.calibrate.measurement import Measurement, Status, read_jsonl
 from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.catalog import data_dir
-from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Half, Skip, read_rows, row_case, split_rows
+from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Half, Skip, framework_efficiency, read_rows,
+                                       row_case, split_rows)
 from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from zerotune.validate.plan import build_job
 from zerotune.validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
@@ -74,6 +75,9 @@ class GridRow:
     step_s: float | None
     """Measured seconds per optimizer step (None unless ok)."""
     source: str
+    framework: dict | None = None
+    """A published row's fields that name its runtime (`framework`, `parallel`): its predictions take the
+    efficiency the accuracy report gives that runtime (validate.accuracy.framework_efficiency)."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,8 @@ def published_groups(path: Path, half: Half | Literal["all"] = "all") -> list[Gr
         if step_s is None:
             continue
         key = _group_key(case, "speed")
-        groups.setdefault(key, []).append(GridRow(case.job, case.config, "ok", step_s, row_id))
+        runtime = {"framework": row.get("framework"), "parallel": row["parallel"]}
+        groups.setdefault(key, []).append(GridRow(case.job, case.config, "ok", step_s, row_id, runtime))
     return [Group(f"{path.stem}#{i}", tuple(rows)) for i, rows in enumerate(groups.values())
             if len({repr(r.config) for r in rows}) >= 2]
 
@@ -194,7 +199,8 @@ def _distinct(rows: Sequence[GridRow]) -> list[GridRow]:
     for same in by_config.values():
         ok = [r.step_s for r in same if r.status == "ok" and r.step_s]
         first = same[0]
-        merged.append(GridRow(first.job, first.config, "ok", statistics.median(ok), first.source) if ok else first)
+        merged.append(GridRow(first.job, first.config, "ok", statistics.median(ok), first.source, first.framework)
+                      if ok else first)
     return merged
 
 
@@ -204,6 +210,8 @@ def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidate
     families, family, mbs, steps, ratios, samples, measured = [], [], [], [], [], [], []
     for row in rows:
         eff, _ = _profile(row.job.cluster.hardware.name)
+        if row.framework is not None:
+            eff = framework_efficiency(row.framework, eff, row.config)
         est = estimate(row.job, row.config, eff)
         mem = est.memory
         ratio = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes_per_node / max(mem.host_capacity_bytes_per_node, 1.0))
