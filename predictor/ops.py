@@ -64,6 +64,9 @@ class DeviceRates:
     element_bytes: int
     tile_elems: int = 128
     """Largest output tile edge of the device's GEMM kernels (HardwareSpec.gemm_tile_elems)."""
+    gemm_memory_bytes_per_s: float = 0.0
+    """Bandwidth a GEMM library streams its operands at: the device's achievable (copy) bandwidth, not the eager
+    elementwise kernels' share of it (Efficiency.memory_bandwidth_efficiency); 0 means memory_bytes_per_s."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -71,7 +74,8 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
     launch = hw.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
     return DeviceRates(hw.matmul_flops[precision] * scale,
                        hw.achievable_memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency, launch,
-                       hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems)
+                       hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
+                       hw.achievable_memory_bandwidth_bytes_per_s)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -93,7 +97,8 @@ def gemm_s(m: Batch, n: Batch, k: Batch, batch: Batch, rates: DeviceRates) -> Ba
     waves = np.ceil(tiles / units)
     useful = (m * n) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * units)
     compute = gemm_flops(m, n, k, batch) / (rates.matmul_flops_per_s * useful)
-    memory = rates.element_bytes * batch * (m * k + k * n + m * n) / rates.memory_bytes_per_s
+    bandwidth = rates.gemm_memory_bytes_per_s or rates.memory_bytes_per_s
+    memory = rates.element_bytes * batch * (m * k + k * n + m * n) / bandwidth
     return np.maximum(compute, memory)
 
 
@@ -143,7 +148,7 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
     flops = gemm_flops(s, s, d, heads) + gemm_flops(s, d, s, heads)
     if model.attention == "flash":
         # one fused kernel: the same tensor-core work, but the s x s scores never reach memory
-        on_chip = dataclasses.replace(rates, memory_bytes_per_s=np.inf)
+        on_chip = dataclasses.replace(rates, memory_bytes_per_s=np.inf, gemm_memory_bytes_per_s=np.inf)
         fused = gemm_s(s, s, d, heads, on_chip) + gemm_s(s, d, s, heads, on_chip)
         return fused, FLASH_BACKWARD_PER_FORWARD * fused, flops
     # d(probs) = d(context) V^T and dV = probs^T d(context); dQ = d(scores) K and dK = d(scores)^T Q

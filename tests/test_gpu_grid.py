@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks import gpu_grid
 from benchmarks.replay import DEFAULT_TOP_K, gpu_grid_groups, replay
+from zerotune.calibrate.fit import fit
 from zerotune.predictor import Efficiency
 
 GRID = gpu_grid.GRID_DIR / "h200_grid.jsonl"
@@ -67,13 +68,20 @@ def test_zero3_over_zero1_ratio_on_one_gpu(scored: list[gpu_grid.Scored]) -> Non
         assert abs(predicted - measured) / measured <= 0.35, line
 
 
-def test_step_time_and_ranking_on_the_test_half(scored: list[gpu_grid.Scored]) -> None:
-    """Test-half models only (gpt2, gpt2-medium, llama-3.2-1b): median step-time error uncalibrated was 15.0%
-    when measured (32% with the model the predictions were stored from, before the optimizer's per-tensor cost);
-    the measured fastest configuration of every model is ranked first."""
-    test = [s for s in scored if s.half == "test" and s.m.status == "ok" and s.run["role"] != "calibration"]
-    errors = sorted(abs(s.predicted["u"][0] - s.m.step_s) / s.m.step_s for s in test)
-    assert errors[len(errors) // 2] <= 0.20
+def test_step_time_and_ranking_on_the_test_half(runs: list[dict], scored: list[gpu_grid.Scored]) -> None:
+    """Test-half models only (gpt2, gpt2-medium, llama-3.2-1b): median step-time error 7.4% uncalibrated and 7.7%
+    calibrated on calibrate's own six probes when measured (32.7% from the predictions stored before measuring,
+    13.5% calibrated before the eager kernels' bandwidth share); the measured fastest configuration of every
+    model is ranked first."""
+    def median_error(items: list[gpu_grid.Scored], label: str) -> float:
+        test = [s for s in items if s.half == "test" and s.m.status == "ok" and s.run["role"] != "calibration"]
+        errors = sorted(abs(s.predicted[label][0] - s.m.step_s) / s.m.step_s for s in test)
+        return errors[len(errors) // 2]
+    assert median_error(scored, "u") <= 0.10
+    grid = gpu_grid.read_grid(GRID)
+    roles = {r["id"]: r["role"] for r in runs}
+    calibrated = fit([m for run_id, m in grid if roles[run_id] == "calibration"]).efficiency
+    assert median_error(gpu_grid.score(runs, grid, "h200", {"c": calibrated}), "c") <= 0.10
     ranking = gpu_grid._ranking(scored, "u")
     assert ranking[-1].endswith("8 / 8 models")
 
