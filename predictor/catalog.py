@@ -318,10 +318,11 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
             "gpus_per_node", "host_memory_gib", "source", "fp32_matmul_tflops", "fp16_matmul_tflops",
             "bf16_matmul_tflops", "achievable_memory_bandwidth_gb_per_s", "kernel_launch_us", "num_compute_units",
             "achievable_source", "comm_compute_overlap", "comm_compute_overlap_source",
-            "heap_retained_activation_fraction", "heap_retained_source", "gemm_tile_elems", "gemm_tile_source"}
+            "heap_retained_activation_fraction", "heap_retained_source", "gemm_tile_elems", "gemm_tile_source",
+            "eager_bandwidth_share", "eager_bandwidth_source"}
 _HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops", "comm_compute_overlap",
                 "comm_compute_overlap_source", "heap_retained_activation_fraction", "heap_retained_source",
-                "gemm_tile_elems", "gemm_tile_source"}
+                "gemm_tile_elems", "gemm_tile_source", "eager_bandwidth_share", "eager_bandwidth_source"}
 
 
 HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
@@ -337,7 +338,7 @@ HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
     "achievable_memory_bandwidth_gb_per_s": (0.0, 1e6, "GB/s"),
     "kernel_launch_us": (0.0, 1_000_000.0, "us"), "num_compute_units": (1.0, 1_000_000.0, "units"),
     "heap_retained_activation_fraction": (0.0, 1.0, "of the activations"),
-    "gemm_tile_elems": (1.0, 1024.0, "elements"),
+    "gemm_tile_elems": (1.0, 1024.0, "elements"), "eager_bandwidth_share": (0.0, 1.0, "of the copy bandwidth"),
 }
 """(low, high, unit) of each hardware key, in the key's own unit. Memory, FLOP/s and bandwidth must be above
 low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are ~50x today's largest device (H200: 141 GiB,
@@ -416,4 +417,6 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
                                            if "heap_retained_activation_fraction" in doc else 0.0),
         gemm_tile_elems=(int(_number(path, doc, "gemm_tile_elems")) if "gemm_tile_elems" in doc
                          else HardwareSpec.gemm_tile_elems),
+        eager_bandwidth_share=(_number(path, doc, "eager_bandwidth_share") if "eager_bandwidth_share" in doc
+                               else HardwareSpec.eager_bandwidth_share),
     )

@@ -54,6 +54,12 @@ class HardwareSpec:
     accelerator with gloo): every collective's time then adds to the step, whatever overlap_comm and
     prefetching say."""
 
+    eager_bandwidth_share: float = 1.0
+    """Share of achievable_memory_bandwidth that eager PyTorch's memory-bound kernels reach (norms, GELU's pieces,
+    dropout with its random numbers, residual adds, softmax, as a Hugging Face model runs them one op at a time);
+    GEMMs stream their operands at the full copy pace. Measured below 1 on Hopper (data/hardware h100-80gb, h200),
+    1 where nothing measured says otherwise. Megatron's fused kernels are not charged it
+    (zerotune.validate.accuracy.framework_efficiency)."""
     gemm_tile_elems: int = 128
     """Largest output tile edge the device's GEMM kernels pad a dimension to (ops.gemm_s: tile and wave
     quantization). 128 on GPUs (cuBLAS/CUTLASS thread-block tiles); a CPU core's kernels block the output in

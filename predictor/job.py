@@ -24,10 +24,6 @@ class Job:
                              f"max_position_embeddings {self.model.max_position_embeddings}; use at most that")
 
 
-EAGER_KERNEL_BANDWIDTH_SHARE = 0.63
-"""Eager PyTorch elementwise and reduction kernels' bandwidth over a device copy's (Efficiency.memory_bandwidth_efficiency)."""
-
-
 @dataclass(frozen=True)
 class Efficiency:
     """Model parameters that a calibration profile fits to a cluster; these defaults are uncalibrated."""
@@ -43,15 +39,9 @@ class Efficiency:
     sweep); the shape curve (tile and wave quantization, roofline) is ops.py's. Uncalibrated default 0.7, chosen
     on the fit half of the published data (zerotune.validate.accuracy --half fit: BLOOM and llm-foundry A100/H100 rows
     are closest at 0.7); plain torch.matmul on an H100 reached 0.83-0.86 of MAMF at 2048-4096 (h100 profile)."""
-    memory_bandwidth_efficiency: float = EAGER_KERNEL_BANDWIDTH_SHARE
-    """Memory-bound kernels' bandwidth relative to the catalog's achievable (copy) bandwidth; GEMMs stream their
-    operands at the copy's (ops.DeviceRates.gemm_memory_bytes_per_s). The default is PyTorch's eager kernels as a
-    Hugging Face model runs them one op at a time (norms, GELU's pieces, dropout with its random numbers, residual
-    adds, softmax): fitted alone on the H200 grid's fit half (bert-large, gpt2-large, gpt2-xl;
-    data/measurements/gpu_grid), 0.63 of the copy bandwidth, which took the test half's step-time error from 15.0%
-    to 7.4% (median) where a GEMM-rate fit reached 14.0%. The H100 probes of the built-in workload, refitted,
-    put it at about 0.6 too. Megatron's fused kernels are not charged it
-    (zerotune.validate.accuracy.framework_efficiency)."""
+    memory_bandwidth_efficiency: float = 1.0
+    """Memory-bound kernels' bandwidth relative to what the hardware catalog says they reach (the copy bandwidth
+    times HardwareSpec.eager_bandwidth_share); 1 uncalibrated."""
     kernel_launch_s: float | None = None
     """Host seconds per kernel issued; None takes the hardware catalog's figure."""
     fp32_compute_scale: float = 1.43

@@ -66,14 +66,16 @@ class DeviceRates:
     """Largest output tile edge of the device's GEMM kernels (HardwareSpec.gemm_tile_elems)."""
     gemm_memory_bytes_per_s: float = 0.0
     """Bandwidth a GEMM library streams its operands at: the device's achievable (copy) bandwidth, not the eager
-    elementwise kernels' share of it (Efficiency.memory_bandwidth_efficiency); 0 means memory_bytes_per_s."""
+    elementwise kernels' share of it (HardwareSpec.eager_bandwidth_share, Efficiency.memory_bandwidth_efficiency);
+    0 means memory_bytes_per_s."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
     scale = getattr(eff, f"{precision}_compute_scale") * eff.gemm_efficiency_scale
     launch = hw.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
     return DeviceRates(hw.matmul_flops[precision] * scale,
-                       hw.achievable_memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency, launch,
+                       hw.achievable_memory_bandwidth_bytes_per_s * hw.eager_bandwidth_share
+                       * eff.memory_bandwidth_efficiency, launch,
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s)
 

@@ -81,15 +81,13 @@ def test_replay_figures_on_the_small_grids_hold() -> None:
     # Figures of `python -m benchmarks.replay` (2026-11-25, search of issue 13 with a second ZeRO stage run before
     # stopping): ds_autotuning_hf_v100 real 100% of 8 groups within 3% (2.38 experiments), wrong 95% of 80
     # (2.06); the CPU grid real within in 4 experiments
-    # (one per ZeRO stage: the CPU model is off by up to 2x between stages). Pinned with a little slack. Since
-    # the eager kernels' bandwidth share (2026-11-26) the wrong-model replays of the V100 table read 71 of 80
-    # within 3% (88.75%, one replay under issue 13's 90%): the bound follows the figure, the target stays unmet.
+    # (one per ZeRO stage: the CPU model is off by up to 2x between stages). Pinned with a little slack.
     from benchmarks.replay import data_sets
     sets = dict(data_sets())
     hf = sets["ds_autotuning_hf_v100"]()
     real, wrong = replay(hf, "hf", 8), replay(hf, "hf", 8, seed=13, draws=10)
     assert real.within_share == 1.0 and real.mean_experiments <= 2.5
-    assert wrong.within_share >= 0.88 and wrong.mean_experiments <= 2.2
+    assert wrong.within_share >= 0.9 and wrong.mean_experiments <= 2.2
     cpu = [name for name in sets if name.startswith("cpu_grid_zt-gpt-small")]
     if cpu:
         outcome = replay(sets[cpu[0]](), "cpu", 8)

@@ -44,7 +44,6 @@ from zerotune.predictor.dsconfig import ActivationCheckpointing, ZeroConfig
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.hardware import HardwareSpec
 from zerotune.predictor.memory import model_states, state_bytes
-from zerotune.predictor.job import EAGER_KERNEL_BANDWIDTH_SHARE
 from zerotune.predictor.zero_mechanics import wrapper_bytes_per_param
 from zerotune.predictor.units import TERA
 
@@ -414,9 +413,9 @@ def framework_efficiency(row: dict[str, Any], eff: Efficiency, config: DSConfig 
     framework = str(row.get("framework") or "").lower()
     if framework.startswith("megatron"):
         # Megatron's fused kernels (megatron/model/fused_softmax.py, fused_bias_gelu.py, fused_layer_norm.py) run
-        # the memory-bound work at a copy's pace, not eager PyTorch's (EAGER_KERNEL_BANDWIDTH_SHARE)
-        eff = dataclasses.replace(eff, memory_bandwidth_efficiency=min(
-            1.0, eff.memory_bandwidth_efficiency / EAGER_KERNEL_BANDWIDTH_SHARE))
+        # the memory-bound work at a copy's pace, not at eager PyTorch's share of it (HardwareSpec.eager_bandwidth_share)
+        share = load_hardware(str(row["hardware"])).eager_bandwidth_share
+        eff = dataclasses.replace(eff, memory_bandwidth_efficiency=eff.memory_bandwidth_efficiency / share)
     if framework.startswith("megatron") and row["parallel"]["zero_stage"] is None:
         saved = 0.0
         if config is not None and config.precision != "fp32":
