@@ -76,7 +76,7 @@ class GridRow:
     """Measured seconds per optimizer step (None unless ok)."""
     source: str
     framework: dict | None = None
-    """A published row's fields that name its runtime (`framework`, `parallel`): its predictions take the
+    """A published row's fields that name its runtime (`framework`, `parallel`, `hardware`): its predictions take the
     efficiency the accuracy report gives that runtime (validate.accuracy.framework_efficiency)."""
 
 
@@ -137,7 +137,7 @@ def published_groups(path: Path, half: Half | Literal["all"] = "all") -> list[Gr
         if step_s is None:
             continue
         key = _group_key(case, "speed")
-        runtime = {"framework": row.get("framework"), "parallel": row["parallel"]}
+        runtime = {"framework": row.get("framework"), "parallel": row["parallel"], "hardware": row["hardware"]}
         groups.setdefault(key, []).append(GridRow(case.job, case.config, "ok", step_s, row_id, runtime))
     return [Group(f"{path.stem}#{i}", tuple(rows)) for i, rows in enumerate(groups.values())
             if len({repr(r.config) for r in rows}) >= 2]

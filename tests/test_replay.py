@@ -104,3 +104,13 @@ def test_error_shares_split_a_per_stage_error_into_the_family_specific_part() ->
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["within"] < 1e-6 and shares["specific"] == pytest.approx(0.5, abs=0.01)  # +-log(0.6)/2 about
     # a mean of log(0.6)/2: common and specific equal
+
+
+def test_a_megatron_group_replays_with_its_runtime_efficiency() -> None:
+    # vTrain's Megatron-DeepSpeed rows take framework_efficiency (Megatron's own optimizer and fused kernels); the
+    # replay hands it the row's framework, layout and hardware, and the group's choice comes back.
+    from benchmarks.replay import DEFAULT_DATA_DIR, published_groups, replay_group
+    group = published_groups(DEFAULT_DATA_DIR / "vtrain_single.jsonl", "fit")[0]
+    assert group.rows[0].framework is not None and group.rows[0].framework["hardware"]
+    outcome = replay_group(group)
+    assert outcome.num_experiments >= 1 and 0.0 < outcome.choice_over_best <= 1.0
