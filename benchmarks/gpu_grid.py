@@ -30,6 +30,7 @@ from zerotune.calibrate.probe import select_probes
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model, \
     parse_ds_config, to_ds_config
 from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig, experiment_name
+from zerotune.validate.accuracy import model_half
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_DIR = ROOT / "data" / "measurements" / "gpu_grid"
@@ -208,25 +209,17 @@ class Scored:
 
     @property
     def half(self) -> str:
-        return model_half(list(MODELS_BY_ARCH), self.run["arch"])
+        """The grid's split by model, as validate.accuracy splits published data: sorted architectures alternate
+        between the fitting half (bert-large, gpt2-large, gpt2-xl) and the test half (gpt2, gpt2-medium with both
+        attentions, llama-3.2-1b). Defaults fitted on this grid use the fitting half only."""
+        return _half(self.run)
 
 
 MODELS_BY_ARCH = sorted({gm.arch for gm in MODELS.values()})
 
 
-def model_half(archs: Sequence[str], arch: str) -> str:
-    """The grid's split by model, as validate.accuracy splits published data: sorted architectures alternate
-    between the fitting half (bert-large, gpt2-large, gpt2-xl) and the test half (gpt2, gpt2-medium with both
-    attentions, llama-3.2-1b). Defaults fitted on this grid use the fitting half only."""
-    from zerotune.validate.accuracy import model_half as split
-    return split(archs, arch)
-
-
-def live_bytes(mem: Any) -> float:
-    """What max_memory_allocated measures: the predicted peak less the runtime's reserve and the allocator's
-    slack (the caching allocator's reserve above allocation is not allocated memory)."""
-    b = mem.breakdown_bytes
-    return mem.total_bytes - b.get("runtime_reserved", 0.0) - b.get("allocator_slack", 0.0)
+def _half(run: dict[str, Any]) -> str:
+    return model_half(MODELS_BY_ARCH, run["arch"])
 
 
 def score(runs: Sequence[dict[str, Any]], grid: Sequence[tuple[str, Measurement]], hardware: str,
@@ -239,7 +232,7 @@ def score(runs: Sequence[dict[str, Any]], grid: Sequence[tuple[str, Measurement]
         pred = {}
         for label, eff in effs.items():
             est = estimate(job, cfg, eff)
-            pred[label] = (est.time.step_s, live_bytes(est.memory), est.memory.fits)
+            pred[label] = (est.time.step_s, est.memory.live_bytes, est.memory.fits)
         out.append(Scored(run, m, pred))
     return out
 
@@ -333,22 +326,16 @@ def _ranking(scored: Sequence[Scored], label: str) -> list[str]:
     return out + [f"[{label}] measured best ranked first: {hits} / {total} models"]
 
 
-def stored_lines(path: Path, grid: Sequence[tuple[str, Measurement]], roles: dict[str, str]) -> list[str]:
+def stored_lines(path: Path, grid: Sequence[tuple[str, Measurement]], runs: dict[str, dict[str, Any]]) -> list[str]:
     """Predictions written before the runs were measured (`predict`), scored as they were: step time against
     the measured step, per half of the models."""
     pred = {r["id"]: r for r in _read_jsonl(path)}
-    ok = [(run_id, m) for run_id, m in grid if m.status == "ok" and run_id in pred and roles[run_id] != "calibration"]
+    ok = [(runs[i], m) for i, m in grid if m.status == "ok" and i in pred and runs[i]["role"] != "calibration"]
     lines = []
     for half in ("test", "fit"):
-        step = [_rel(pred[i]["step_s"], m.step_s) for i, m in ok if model_half(MODELS_BY_ARCH, _arch(i)) == half]
+        step = [_rel(pred[run["id"]]["step_s"], m.step_s) for run, m in ok if _half(run) == half]
         lines.append(f"[stored {path.name}] {half} half: step time error {_summary(step)}")
     return lines
-
-
-def _arch(run_id: str) -> str:
-    """The architecture of a grid run id (its grid model name comes first)."""
-    name = max((n for n in MODELS if run_id.startswith(n + "_")), key=len)
-    return MODELS[name].arch
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -396,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         effs.update({f"profile {p.name}": load_profile(p).efficiency for p in args.profile})
         print("\n".join(report_lines(score(runs, grid, args.hardware, effs), list(effs))))
         for path in args.predictions:
-            print("\n".join(stored_lines(path, grid, roles)))
+            print("\n".join(stored_lines(path, grid, {r["id"]: r for r in runs})))
         return 0
     if args.cmd == "predict":
         from zerotune.calibrate.profiles import load_profile

@@ -64,6 +64,13 @@ class MemoryEstimate:
         return sum(self.breakdown_bytes.values())
 
     @property
+    def live_bytes(self) -> float:
+        """What torch.cuda.max_memory_allocated measures: the peak less the runtime's reserve and the allocator's
+        slack (the caching allocator's reserve above allocation is not allocated memory)."""
+        b = self.breakdown_bytes
+        return self.total_bytes - b["runtime_reserved"] - b["allocator_slack"]
+
+    @property
     def headroom_bytes(self) -> float:
         return self.capacity_bytes - self.total_bytes
 

@@ -128,9 +128,8 @@ def test_h100_probe_peaks_stages_0_to_2_alike_and_zero3_above() -> None:
     probes, job = _probes(), make_job("gpt2-medium-gelu", "h100-80gb", 1, 1, 1024)
 
     def live(stage: int) -> float:
-        est = estimate_memory(job, _cfg(stage, "bf16", train_micro_batch_size_per_gpu=4, overlap_comm=stage == 3))
-        b = est.breakdown_bytes
-        return est.total_bytes - b["runtime_reserved"] - b["allocator_slack"]
+        return estimate_memory(job, _cfg(stage, "bf16", train_micro_batch_size_per_gpu=4,
+                                         overlap_comm=stage == 3)).live_bytes
 
     assert live(1) == pytest.approx(live(0), rel=1e-9) and live(2) == pytest.approx(live(0), rel=1e-9)
     for stage in (0, 1, 2, 3):
