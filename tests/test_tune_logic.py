@@ -447,9 +447,28 @@ def test_offload_is_explored_only_when_deepspeed_builds_the_optimizer(tmp_path: 
 
     from zerotune.validate.tune import _explorable
     client = dc_replace(_settings(tmp_path, [1], [1]), explore=("offload", "checkpointing"))
-    assert _explorable(client) == ("checkpointing",)
+    assert _explorable(client, "gpu") == ("checkpointing",)
     built = dc_replace(client, doc={**client.doc, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
-    assert _explorable(built) == ("offload", "checkpointing")
+    assert _explorable(built, "gpu") == ("offload", "checkpointing")
+
+
+def test_offload_is_not_explored_where_the_device_is_the_cpu(tmp_path: Path) -> None:
+    """On the CPU target the device's memory is the host's: an offload variant frees nothing (a session's own-script
+    tune chose ZeRO-2 with CPU offload on the CPU). A ranking there has no offload variant unless the user set one."""
+    from dataclasses import replace as dc_replace
+
+    from zerotune.validate.plan import Plan, build_job, ranking
+    from zerotune.validate.tune import _explorable
+    built = dc_replace(_settings(tmp_path, [1], [1]), explore=("offload", "checkpointing"))
+    built = dc_replace(built, doc={**built.doc, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}})
+    assert _explorable(built, "cpu") == ("checkpointing",)
+    job = build_job("gpt2", "cpu", 1, 2, 128)
+    doc = {"train_micro_batch_size_per_gpu": [1, 2], "zero_optimization": {"stage": [1, 2, 3]}}
+    devices = {(e.estimate.config.zero.offload_optimizer.device, e.estimate.config.zero.offload_param.device)
+               for e in ranking(job, doc, Plan(top=10_000)).entries}
+    assert devices == {("none", "none")}
+    pinned = {**doc, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    assert {e.estimate.config.zero.offload_optimizer.device for e in ranking(job, pinned, Plan(top=10_000)).entries} == {"cpu"}
 
 
 def test_a_user_scripts_checkpointing_is_its_own_costed_as_seen_and_its_section_kept(tmp_path: Path,
@@ -461,11 +480,11 @@ def test_a_user_scripts_checkpointing_is_its_own_costed_as_seen_and_its_section_
 
     from zerotune.validate.tune import _explorable
     builtin = dc_replace(_settings(tmp_path, [1], [1]), explore=("checkpointing",))
-    assert _explorable(builtin) == ("checkpointing",)  # the built-in workload switches it by the section
+    assert _explorable(builtin, "gpu") == ("checkpointing",)  # the built-in workload switches it by the section
     script = tmp_path / "train.py"
     script.write_text("")
     user = dc_replace(builtin, command=UserCommand(script, (), "--deepspeed_config", tmp_path / "ds.json"))
-    assert _explorable(user) == ()
+    assert _explorable(user, "gpu") == ()
     section_of_user = {"partition_activations": True, "cpu_checkpointing": False, "number_checkpoints": 4}
     # (what the profiling run saw, None: no profiling run (--model given); the user's section; costed with recompute)
     for seen, section, costed in ((True, None, True), (False, section_of_user, False), (None, section_of_user, True),

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from zerotune.predictor import ClusterSpec, Efficiency, Estimate, Job, estimate, load_hardware, load_model, parse_ds_config
 from zerotune.predictor.rank import Metric, Ranking, Uncertainty, rank
-from zerotune.predictor.space import space_from_ds_config
+from zerotune.predictor.space import explorable_on, space_from_ds_config
 from zerotune.validate.report import WhatIf
 
 __all__ = ["Plan", "build_job", "check_parallelism", "single", "ranking", "best", "scaling_sweep", "hardware_sweep", "DEFAULT_MAX_SEQ_LEN"]
@@ -58,7 +58,7 @@ def single(job: Job, doc: dict[str, Any], plan: Plan) -> Estimate:
 
 def ranking(job: Job, doc: dict[str, Any], plan: Plan, top: int | None = None) -> Ranking:
     space = space_from_ds_config(doc, world_size=job.cluster.world_size, hidden_size=job.model.hidden_size,
-                                 explore=plan.explore)
+                                 explore=explorable_on(plan.explore, job.cluster.hardware.kind))
     return rank(job, space, plan.efficiency, plan.metric, plan.top if top is None else top, plan.headroom_bytes,
                 plan.uncertainty)
 

@@ -41,7 +41,7 @@ from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_p
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
-from zerotune.predictor.space import EXPLORABLE, SearchSpace, space_from_ds_config
+from zerotune.predictor.space import EXPLORABLE, SearchSpace, explorable_on, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, batch_as_given, check_arg_mappings,
                                           experiment_ds_config, filtered_resources, optimal_ds_config,
@@ -481,16 +481,17 @@ def _plots(job: Job, space: SearchSpace, model: _Model, results: Sequence[Experi
         warnings.warn(f"plots skipped: {exc}")
 
 
-def _explorable(settings: TuneSettings) -> tuple[str, ...]:
+def _explorable(settings: TuneSettings, hardware_kind: str) -> tuple[str, ...]:
     """Offload is tried only when DeepSpeed builds the optimizer: with a client optimizer (no `optimizer` section)
-    ZeRO-Offload stops at start-up unless zero_force_ds_cpu_optimizer is false, so the experiment would be wasted.
+    ZeRO-Offload stops at start-up unless zero_force_ds_cpu_optimizer is false, so the experiment would be wasted;
+    and never where the device is the CPU (predictor.space.explorable_on).
     Checkpointing is tried only on the built-in workload, which switches it by the ds_config's section: a user's
     script recomputes where it calls a checkpoint function, whatever the section says (ActivationCheckpointing.by_script),
     so an experiment that only adds the section runs the same program."""
     doc = settings.doc
     client_optimizer = "optimizer" not in doc and doc.get("zero_force_ds_cpu_optimizer") is not False
     builtin = settings.command.script == BUILTIN_SCRIPT
-    return tuple(e for e in settings.explore if not (e == "offload" and client_optimizer)
+    return tuple(e for e in explorable_on(settings.explore, hardware_kind) if not (e == "offload" and client_optimizer)
                  and not (e == "checkpointing" and not builtin))
 
 
@@ -521,7 +522,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     check_parallelism(job, settings.doc)
     space = _with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
                                                                   hidden_size=job.model.hidden_size,
-                                                                  explore=_explorable(settings)))
+                                                                  explore=_explorable(settings, job.cluster.hardware.kind)))
     if settings.script_checkpointing is False and "activation_checkpointing" in settings.doc \
             and settings.command.script != BUILTIN_SCRIPT:
         warnings.warn("ds_config activation_checkpointing: DeepSpeed's engine does not switch recomputation by this "
