@@ -141,6 +141,7 @@ def _heads(block: nn.Module, hidden: int, notes: dict[str, list[str]]) -> tuple[
                 notes["read"].append(f"heads {value} from {type(mod).__name__}.{attr}")
                 return value, kv
     notes["assumed"].append(f"heads of {HEAD_DIM_ASSUMED} ({hidden // HEAD_DIM_ASSUMED} heads): no module states them")
+    notes.setdefault("assumed_fields", []).append("num_heads")  # the first forward's attention shapes may say
     return max(1, hidden // HEAD_DIM_ASSUMED), None
 
 
@@ -319,7 +320,8 @@ def readable(doc: dict[str, Any]) -> bool:
 
 
 def describe(model: nn.Module) -> dict[str, Any]:
-    """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'num_params',
+    """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'assumed_fields'
+    (structure keys guessed, not read: 'num_heads' where no module states the heads), 'num_params',
     'params_by_kind', 'training', 'dtype', 'gradient_checkpointing', 'num_weight_layers'}; 'structure' is None when it
     cannot be read."""
     notes: dict[str, list[str]] = {"read": [], "assumed": []}
@@ -333,6 +335,7 @@ def describe(model: nn.Module) -> dict[str, Any]:
         out["params_by_kind"] = _params_by_kind(model, found[1])
     out["training"] = _training(model, found[1] if found is not None else None)
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
-    out.update(read=notes["read"], assumed=notes["assumed"], num_params=_params(model), dtype=",".join(dtypes),
+    out.update(read=notes["read"], assumed=notes["assumed"], assumed_fields=notes.get("assumed_fields", []),
+               num_params=_params(model), dtype=",".join(dtypes),
                gradient_checkpointing=_checkpointing(model), num_weight_layers=_num_weight_layers(model))
     return out

@@ -524,3 +524,131 @@ def test_an_encoder_decoder_runs_its_one_stack_at_the_layer_weighted_mean_of_its
     # the encoder's square projections are a stack of blocks, not an LM-head transform; its embed_tokens is the
     # shared token table again, not a position table
     assert not run.model.head_transform and not any("learned positions" in r for r in run.read)
+
+
+def _site():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    return site
+
+
+class _Classifier(torch.nn.Module):
+    """Token embedding, a mixer and a 5-way classifier head: no projection onto the embedding's table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.mix, self.head = torch.nn.Embedding(300, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mix(self.tok(ids)).mean(dim=1))
+
+
+def _flatten_like_zero(model: torch.nn.Module) -> None:
+    """What ZeRO-1 and -2 do to the parameters (stage_1_and_2.py: the bit16 groups flattened): every parameter a
+    view into one buffer."""
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+
+
+def test_a_classifier_in_zeros_flat_buffer_has_no_head_tied_to_its_embedding() -> None:
+    """Under ZeRO-1/2 every weight shares the embedding's storage: a tool run on a 5-class classifier read a tied LM
+    head from that (7 'projections') and costed a vocabulary-wide logits GEMM the script never runs. Only an
+    argument inside the table's own bytes is a projection onto it; a real tied head in the same buffer still is."""
+    site = _site()
+    model, state = _Classifier(), {}
+    _flatten_like_zero(model)
+    site._watch_embedding_projection(model, state)
+    model(torch.randint(0, 300, (2, 7)))
+    assert state["embedding_projections"] == 0
+
+    class Tied(_Classifier):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(self.mix(self.tok(ids)), self.tok.weight)
+
+    tied, state = Tied(), {}
+    _flatten_like_zero(tied)
+    site._watch_embedding_projection(tied, state)
+    tied(torch.randint(0, 300, (2, 7)))
+    assert state["embedding_projections"] == 1
+
+
+class _HandAttention(torch.nn.Module):
+    """Grouped-query attention as users write it, heads kept under names no reader knows (nh, nkv, hd)."""
+
+    def __init__(self, d: int = 256, nh: int = 8, nkv: int = 2, sdpa: bool = True) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd, self.sdpa = nh, nkv, d // nh, sdpa
+        self.q, self.k = torch.nn.Linear(d, d, bias=False), torch.nn.Linear(d, nkv * self.hd, bias=False)
+        self.v, self.o = torch.nn.Linear(d, nkv * self.hd, bias=False), torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.nh, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, s, self.nkv, self.hd).transpose(1, 2).repeat_interleave(self.nh // self.nkv, 1)
+        v = self.v(x).view(b, s, self.nkv, self.hd).transpose(1, 2).repeat_interleave(self.nh // self.nkv, 1)
+        if self.sdpa:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = torch.softmax(q @ k.transpose(-2, -1) / self.hd ** 0.5, dim=-1) @ v
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class _HandDecoder(torch.nn.Module):
+    def __init__(self, sdpa: bool = True) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(600, 256)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"norm": torch.nn.LayerNorm(256), "attn": _HandAttention(sdpa=sdpa),
+                                 "norm2": torch.nn.LayerNorm(256),
+                                 "up": torch.nn.Linear(256, 512), "down": torch.nn.Linear(512, 256)})
+            for _ in range(2))
+        self.out = torch.nn.Linear(256, 600, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for blk in self.blocks:
+            x = x + blk["attn"](blk["norm"](x))
+            x = x + blk["down"](torch.relu(blk["up"](blk["norm2"](x))))
+        return self.out(x)
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_heads_no_module_names_are_read_from_the_first_forwards_attention(tmp_path: Path, sdpa: bool) -> None:
+    """A hand-written grouped-query attention (8 heads of 32 sharing 2 K/V heads, attributes nh / nkv / hd) was
+    read as 4 heads of 64 and 1 K/V head. The head width the first forward's attention ran (the query of
+    scaled_dot_product_attention, or q @ k^T) gives the heads; the K/V projections' width gives their heads."""
+    site = _site()
+    model, state = _HandDecoder(sdpa), {"sdpa_calls": 0, "sdpa_dropout_p": 0.0}
+    doc = describe(model)
+    assert doc["structure"]["num_heads"] == 4 and doc["assumed_fields"] == ["num_heads"]  # the guess, flagged
+    if sdpa:
+        shapes = []
+        real = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = lambda q, k, *a, **kw: (shapes.append(
+            [list(q.shape), list(k.shape)]), real(q, k, *a, **kw))[1]
+        try:
+            model(torch.randint(0, 600, (2, 40)))
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = real
+        rank0 = {"sdpa_shapes": shapes[0], "sdpa_calls": 2}
+    else:
+        site._watch_embedding_projection(model, state)
+        model(torch.randint(0, 600, (2, 40)))
+        assert state["attention_matmul"] == [2, 8, 40, 32]
+        rank0 = {"attention_matmul": state["attention_matmul"]}
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [2, 40], "dtype": "int64"}], **rank0)
+    run = read_profiled(prefix, "hand", 2)
+    assert (run.model.num_heads, run.model.num_kv_heads) == (8, 2)
+    assert not any(a.startswith("heads of ") for a in run.assumed)
+    assert run.model.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_heads_a_module_states_are_not_replaced_by_the_forwards() -> None:
+    """Where a module names its heads (nn.MultiheadAttention, num_heads attributes) nothing is flagged as assumed."""
+    assert describe(_script("encoder_mlm").MaskedLM())["assumed_fields"] == []

@@ -585,3 +585,24 @@ def test_the_devices_copy_pace_today_rescales_the_memory_bound_kernels() -> None
     none = replace(settings, device_copy_bytes_per_s=1e10, profile=Path(NO_PROFILE))
     uncalibrated = _load_profile(none, lambda _: None)
     assert _paced(uncalibrated, none, lines.append) == uncalibrated
+
+
+def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A script that builds its engine from its own config (a dict read through its own --config) ran micro-batch 16
+    in the profiling run that asked for 1; the run was scored at 1 (16x too slow) and both experiments then 'ended
+    before end_profile_step'. The engine's own micro-batch shows it: one line naming the flag and the fix."""
+    from dataclasses import replace as dc_replace
+
+    from zerotune.predictor import load_model
+    from zerotune.validate.profiled import ProfiledRun
+    from zerotune.validate.tune import _check_followed
+    script = tmp_path / "train.py"
+    script.write_text("")
+    settings = dc_replace(_settings(tmp_path, [1], [1]),
+                          command=UserCommand(script, (), "--deepspeed_config", tmp_path / "ds.json"))
+    run = ProfiledRun(load_model(TINY), (), (), 64, 16, 1, {}, "float32", False, (1.0,), None, engine_micro_batch=16)
+    with pytest.raises(ValueError, match=r"asked for train_micro_batch_size_per_gpu 1 through --deepspeed_config but "
+                                         r"its DeepSpeed engine ran 16 .*deepspeed\.initialize"):
+        _check_followed(settings, run, 1, tmp_path)
+    _check_followed(settings, dc_replace(run, engine_micro_batch=1), 1, tmp_path)  # followed: no complaint
+    _check_followed(settings, dc_replace(run, engine_micro_batch=None), 1, tmp_path)  # no step recorded: no claim

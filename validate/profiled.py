@@ -19,7 +19,7 @@ import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import yaml
 
@@ -73,6 +73,9 @@ class ProfiledRun:
     """The square matmul rank 0 timed before the first step; None when not timed."""
     copy_bytes_per_s: float | None = None
     """The tensor copy rank 0 timed before the first step (read + write bytes per second); None when not timed."""
+    engine_micro_batch: int | None = None
+    """train_micro_batch_size_per_gpu of the engine the script built (its config's, which may not be the one it was
+    given); None when no step was recorded."""
 
 
 Tokens = tuple[int, int]
@@ -127,7 +130,7 @@ def _attention(rank0: Mapping[str, Any], read: list[str], assumed: list[str]) ->
     return kind
 
 
-def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: list[str],
+def _spec(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, seq_len: int | None, read: list[str],
           assumed: list[str]) -> ModelSpec:
     hf = model_doc.get("hf_config")
     structure = model_doc.get("structure")
@@ -154,11 +157,46 @@ def _spec(model_doc: Mapping[str, Any], name: str, seq_len: int | None, read: li
     if hf:
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) without a vocabulary: the "
                        "structure is read from the modules")
-    doc = dict(structure)
+    doc = _observed_heads(dict(structure), model_doc.get("assumed_fields") or [], rank0, read, assumed)
     if "max_position_embeddings" not in doc:
         doc["max_position_embeddings"] = seq_len or 2048
         assumed.append(f"max_position_embeddings {doc['max_position_embeddings']} (the input's length)")
     return ModelSpec(name=name, **doc)
+
+
+def _head_width(rank0: Mapping[str, Any]) -> tuple[int, int | None, int | None] | None:
+    """(head width, query heads, key/value heads) from the first forward's attention: the first
+    scaled_dot_product_attention call's query and key, (..., heads, s, d), or else the first scores matmul
+    q @ k^T, (..., s, d) (calibrate/profiling_site); None when neither was seen."""
+    shapes = rank0.get("sdpa_shapes")
+    if isinstance(shapes, list) and len(shapes) == 2 and all(len(x) == 4 for x in shapes):
+        (_, heads, _, width), (_, kv_heads, _, _) = shapes
+        return int(width), int(heads), int(kv_heads)
+    scores = rank0.get("attention_matmul")
+    if isinstance(scores, list) and len(scores) >= 3:
+        return int(scores[-1]), (int(scores[-3]) if len(scores) == 4 else None), None
+    return None
+
+
+def _observed_heads(doc: dict[str, Any], assumed_fields: Sequence[str], rank0: Mapping[str, Any], read: list[str],
+                    assumed: list[str]) -> dict[str, Any]:
+    """The structure with its heads from the first forward's attention where no module stated them (a hand-written
+    attention keeping them in attributes of its own naming): the head width d the kernels ran, so heads = hidden / d
+    and key/value heads = their projections' width / d (the width the module reading found, kv heads x its
+    assumed head width)."""
+    seen = _head_width(rank0)
+    hidden, heads, kv_heads = int(doc["hidden_size"]), int(doc["num_heads"]), int(doc["num_kv_heads"])
+    if "num_heads" not in assumed_fields or seen is None:
+        return doc
+    width, seen_heads, seen_kv = seen
+    if width <= 0 or hidden % width or (seen_heads is not None and seen_heads * width != hidden):
+        return doc
+    kv_width = kv_heads * (hidden // heads)
+    new_kv = seen_kv if seen_kv and seen_kv < hidden // width else max(1, kv_width // width)
+    assumed[:] = [a for a in assumed if not a.startswith("heads of ")]
+    read.append(f"heads {hidden // width} of width {width}, key/value heads {new_kv}, from the first forward's "
+                f"attention ({'scaled_dot_product_attention' if rank0.get('sdpa_shapes') else 'q @ k^T'})")
+    return {**doc, "num_heads": hidden // width, "num_kv_heads": new_kv}
 
 
 def _functional_head(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]) -> ModelSpec:
@@ -278,7 +316,7 @@ def _described(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str
     """(spec, positions, whether it is a stand-in): the structure or config read, else the stand-in of the
     model's measured costs where the site measured them; ValueError (one line) when neither."""
     try:
-        return _spec(model_doc, name, tokens[1] if tokens else None, read, assumed), tokens, False
+        return _spec(model_doc, rank0, name, tokens[1] if tokens else None, read, assumed), tokens, False
     except (LookupError, ValueError, TypeError) as exc:
         if not rank0.get("stand_in"):  # the site measured a stand-in's costs only where nothing else describes it
             raise ValueError(f"cannot read this model's structure ({exc})") from None
@@ -321,7 +359,9 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
                        int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
-                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")))
+                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
+                       int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
+                       else None)
 
 
 def _matmul(doc: Any) -> MatmulPace | None:

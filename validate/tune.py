@@ -740,6 +740,21 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
                        reason="zerotune tune's profiling run")
 
 
+def _check_followed(settings: TuneSettings, profiled: ProfiledRun, micro_batch: int, run_dir: Path) -> None:
+    """ValueError (one line) when the profiling run's engine did not run the micro-batch of the ds_config it was
+    given: the script builds its engine from a config of its own (a dict, or a path from its own flag), so no
+    experiment would run what it is named for and every measurement would be scored at the wrong batch."""
+    ran = profiled.engine_micro_batch
+    if ran is None or ran == micro_batch:
+        return
+    flag = settings.command.ds_config_flag
+    raise ValueError(f"the profiling run of {settings.command.script} asked for train_micro_batch_size_per_gpu "
+                     f"{micro_batch} through {flag} but its DeepSpeed engine ran {ran} (see {run_dir}): the script "
+                     f"builds the engine from a config of its own; make it pass the {flag} file to "
+                     f"deepspeed.initialize (args=args or config=args.{flag.lstrip('-')}), as DeepSpeed's autotuner "
+                     f"also requires")
+
+
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
     """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
     experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
@@ -762,6 +777,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         why = f"{run.status}{': ' + run.reason if run.reason else ''}"
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
+    _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
     seq_len = settings.seq_len or profiled.seq_len
     cfg = _as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg),
                               replace(settings, script_checkpointing=profiled.activation_checkpointing))

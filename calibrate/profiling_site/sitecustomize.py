@@ -117,6 +117,9 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
     @functools.wraps(sdpa)
     def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
         state["sdpa_calls"] += 1
+        query, key = kwargs.get("query", args[0] if args else None), kwargs.get("key", args[1] if len(args) > 1 else None)
+        if state.get("sdpa_shapes") is None and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor):
+            state["sdpa_shapes"] = [list(query.shape), list(key.shape)]
         dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
         state["sdpa_dropout_p"] = max(state["sdpa_dropout_p"], float(dropout or 0.0))
         return sdpa(*args, **kwargs)
@@ -129,13 +132,29 @@ _PROJECTIONS = ("linear", "matmul", "mm", "bmm", "addmm", "einsum", "__matmul__"
 operator (`x @ wte.weight.T`). An embedding lookup takes the table too, through F.embedding, not these."""
 
 
+def _scores(args: Any) -> bool:
+    """Whether a matmul's operands are attention's scores product: (..., s, d) x (..., d, s), at least 3-D, the
+    same sequence on both sides and d <= s (where d = s the scores times the values match too, and say the same)."""
+    import torch
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+        return False
+    a, b = args[0], args[1]
+    return (a.dim() >= 3 and b.dim() == a.dim() and a.shape[-1] == b.shape[-2] and a.shape[-2] == b.shape[-1]
+            and a.shape[-1] <= a.shape[-2])
+
+
 def _watch_embedding_projection(module: Any, state: dict[str, Any]) -> None:
     """Counts projections onto an nn.Embedding's table during the first forward: a head tied by projecting with
     the embedding itself (GPT-2 style `F.linear(x, wte.weight)`, or `x @ wte.weight.T`) has no Linear module to
     read. A torch function mode (torch.overrides.TorchFunctionMode) sees every torch function and Tensor method
     call; an argument whose storage is a table's (a transpose is a view of it) is a projection. The table is
-    looked up at each call, so ZeRO-3's gathered weights count too. The mode is left after the first forward so
-    later steps are timed without it."""
+    looked up at each call, so ZeRO-3's gathered weights count too. Sharing the table's storage is not enough:
+    ZeRO-1 and -2 make every parameter a view into one flat buffer (stage_1_and_2.py, the bit16 groups' flattened
+    partitions), so an argument counts only where its first element lies inside the table's own bytes. The mode is
+    left after the first forward so later steps are timed without it.
+
+    It also records the first attention-shaped matmul (q @ k^T: (..., s, d) x (..., d, s)), whose last dimension
+    is the head width where no module attribute names the heads."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -146,13 +165,18 @@ def _watch_embedding_projection(module: Any, state: dict[str, Any]) -> None:
             return any(on_table(a) for a in arg)
         if not isinstance(arg, torch.Tensor) or arg.numel() == 0:
             return False
-        ptr = arg.untyped_storage().data_ptr()
-        return any(e.weight.numel() and e.weight.untyped_storage().data_ptr() == ptr for e in embeddings)
+        ptr = arg.data_ptr()
+        return any(e.weight.numel() and e.weight.data_ptr() <= ptr
+                   < e.weight.data_ptr() + e.weight.numel() * e.weight.element_size() for e in embeddings)
 
     class Watch(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if getattr(func, "__name__", "") in _PROJECTIONS and on_table(args):
-                state["embedding_projections"] += 1
+            name = getattr(func, "__name__", "")
+            if name in _PROJECTIONS:
+                if on_table(args):
+                    state["embedding_projections"] += 1
+                if state.get("attention_matmul") is None and _scores(args):
+                    state["attention_matmul"] = list(args[0].shape)
             return func(*args, **(kwargs or {}))
 
     watch = Watch()
@@ -293,7 +317,7 @@ def _copy_rate() -> dict[str, Any]:
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0, "inner_calls": 0,
-                             "sdpa_calls": 0,
+                             "sdpa_calls": 0, "sdpa_shapes": None, "attention_matmul": None,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
                              "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
                              "step_start": 0.0, "peak_memory_bytes": None,
