@@ -134,7 +134,9 @@ def _untuned(doc: dict[str, Any]) -> dict[str, Any]:
                                                      "gradient_accumulation_steps", "autotuning")}
     for section, written in _REWRITTEN.items():
         if isinstance(out.get(section), dict):
-            rest = {k: v for k, v in out.pop(section).items() if k not in written or v == AUTO}
+            # a precision the user switched off in so many words stays off in so many words ({"enabled": false})
+            rest = {k: v for k, v in out.pop(section).items()
+                    if k not in written or v == AUTO or (section in ("fp16", "bf16") and k == "enabled" and v is False)}
             out.update({section: rest} if rest else {})
     zero = out.pop("zero_optimization", None)
     if isinstance(zero, dict):
@@ -439,7 +441,8 @@ def _precision(doc: dict[str, Any]) -> Precision:
     for name, sec in (("fp16", fp16), ("bf16", bf16)):
         if sec.get("enabled") == AUTO:
             warnings.warn(f"ds_config {name}.enabled is \"auto\" (set by the Hugging Face Trainer); "
-                          f"assuming off unless --precision says otherwise", stacklevel=3)
+                          f"costed as off, as the Trainer runs it without --{name} (zerotune predict: --precision "
+                          f"sets it)", stacklevel=3)
     if fp16_on and bf16_on:
         raise ValueError("ds_config enables both fp16.enabled and bf16.enabled; DeepSpeed allows one: disable one")
     return "fp16" if fp16_on else "bf16" if bf16_on else "fp32"  # `amp` is refused (_refuse_removed)

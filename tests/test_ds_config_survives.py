@@ -127,6 +127,11 @@ def test_parse_and_write_back_keep_untuned_keys_without_tuning() -> None:
     out = to_ds_config(parse_ds_config(doc, world_size=WORLD), WORLD)
     assert out["fp16"] == doc["fp16"]
     assert out["zero_optimization"]["round_robin_gradients"] is True
+    off = {"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": False}, "bf16": {"enabled": False}}
+    cfg = parse_ds_config(off, world_size=WORLD)
+    written = to_ds_config(cfg, WORLD)
+    assert cfg.precision == "fp32" and (written["fp16"], written["bf16"]) == (off["fp16"], off["bf16"])
+    assert parse_ds_config(written, world_size=WORLD) == cfg  # written and read back: the same configuration
     assert out["zero_optimization"]["offload_param"] == {**doc["zero_optimization"]["offload_param"],
                                                          "pin_memory": True}
 

@@ -45,7 +45,9 @@ def test_an_auto_precision_stays_for_the_trainer_to_fill() -> None:
         cfg = parse_ds_config({**HF_ZERO3, "train_micro_batch_size_per_gpu": 2}, world_size=8, hidden_size=1024)
     out = to_ds_config(cfg, 8)
     assert out["fp16"] == HF_ZERO3["fp16"] and "bf16" not in out
-    assert "fp16" not in to_ds_config(parse_ds_config({"fp16": {"enabled": False}}), 1)
+    # a section the user switched off is theirs and comes back as written (issue 13: untuned keys go through)
+    assert to_ds_config(parse_ds_config({"fp16": {"enabled": False}}), 1)["fp16"] == {"enabled": False}
+    assert "fp16" not in to_ds_config(parse_ds_config({}), 1)
 
 
 def test_batch_triple_is_derived_like_deepspeed() -> None:

@@ -606,3 +606,27 @@ def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(t
         _check_followed(settings, run, 1, tmp_path)
     _check_followed(settings, dc_replace(run, engine_micro_batch=1), 1, tmp_path)  # followed: no complaint
     _check_followed(settings, dc_replace(run, engine_micro_batch=None), 1, tmp_path)  # no step recorded: no claim
+
+
+def test_a_trainer_filled_precision_is_costed_as_the_engine_ran_it(tmp_path: Path) -> None:
+    """A Hugging Face Trainer config leaves "fp16"/"bf16" "enabled": "auto" for --fp16 / --bf16 to fill: costed as
+    fp32 a bf16 run on a GPU would be predicted at fp32's matmul rate. The profiling run's engine holds its weights in
+    the precision it runs (DeepSpeed casts the module), so that decides; the written section keeps "auto"."""
+    from dataclasses import replace as dc_replace
+
+    from zerotune.predictor.dsconfig import to_ds_config
+    from zerotune.validate.tune import _as_the_script_runs, precision_of_dtype
+    assert [precision_of_dtype(d) for d in ("bfloat16", "float32,float16", "float32", "")] == \
+        ["bf16", "fp16", "fp32", None]
+    script = tmp_path / "train.py"
+    script.write_text("")
+    base = dc_replace(_settings(tmp_path, [1], [1]),
+                      command=UserCommand(script, (), "--deepspeed", tmp_path / "ds.json"))
+    auto = dc_replace(base, doc={**base.doc, "bf16": {"enabled": "auto"}}, script_precision="bf16")
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "auto"}}, world_size=WORLD)
+    assert cfg.precision == "fp32"  # "auto" alone reads as off
+    ran = _as_the_script_runs(cfg, auto)
+    assert ran.precision == "bf16" and to_ds_config(ran, WORLD)["bf16"] == {"enabled": "auto"}
+    stated = dc_replace(base, script_precision="bf16")  # no "auto": the ds_config's own precision stands
+    assert _as_the_script_runs(parse_ds_config({"train_micro_batch_size_per_gpu": 1}, world_size=WORLD),
+                               stated).precision == "fp32"

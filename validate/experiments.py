@@ -273,13 +273,14 @@ def model_from_num_params(num_params: int, name: str, source: str) -> dict[str, 
             "position_embedding": "rotary", "tied_embeddings": True, "source": source}
 
 
-def read_ds_config(path: Path) -> dict[str, Any]:
+def read_ds_config(path: Path, flag: str = "--deepspeed") -> dict[str, Any]:
+    """The ds_config at `path`, given with `flag` (named in the one-line errors)."""
     if not path.is_file():
-        raise ValueError(f"--deepspeed {path}: no such file; give the path of an existing ds_config.json")
+        raise ValueError(f"{flag} {path}: no such file; give the path of an existing ds_config.json")
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--deepspeed {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
+        raise ValueError(f"{flag} {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"--deepspeed {path}: a ds_config must be a JSON object")
+        raise ValueError(f"{flag} {path}: a ds_config must be a JSON object")
     return doc

@@ -39,7 +39,8 @@ from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
-from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
+from zerotune.predictor.dsconfig import AUTO, AutotuningConfig, OptimizerImpl
+from zerotune.predictor.hardware import Precision
 from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import EXPLORABLE, SearchSpace, explorable_on, space_from_ds_config
 from zerotune.predictor.units import GIB
@@ -111,6 +112,9 @@ class TuneSettings:
     """Whether the script recomputes its blocks in backward, as the profiling run saw it (ProfiledRun.
     activation_checkpointing); every configuration of a user's script is costed so (_as_the_script_runs). None: no
     profiling run (--model given), and the ds_config's activation_checkpointing section says it, as for predict."""
+    script_precision: Precision | None = None
+    """The precision the profiling run's engine held its weights in (ProfiledRun.dtype); it stands for a precision
+    section the Hugging Face Trainer fills ("enabled": "auto", set by its --fp16 / --bf16). None: no profiling run."""
     device_matmul: MatmulPace | None = None
     """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
     against the calibration profile's microbenchmark of the same shape (_paced)."""
@@ -503,6 +507,9 @@ def _as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
     ckpt = cfg.activation_checkpointing
     section = ckpt.section if ckpt.by_script else ckpt.enabled  # parsed from the user's ds_config: its presence
     seen = section if settings.script_checkpointing is None else settings.script_checkpointing
+    auto = any(isinstance(settings.doc.get(p), dict) and settings.doc[p].get("enabled") == AUTO for p in ("fp16", "bf16"))
+    if auto and settings.script_precision is not None:  # the Trainer filled it: its engine's weights say how
+        cfg = cfg.replace(precision=settings.script_precision)
     return cfg.replace(activation_checkpointing=replace(ckpt, enabled=seen, by_script=True, section=section))
 
 
@@ -674,7 +681,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         if item not in EXPLORABLE:
             raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
     command, model, seq_len = _command(args)
-    doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path), command.args)
+    doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path, command.ds_config_flag), command.args)
     for key in mapped:
         print(f"zerotune tune: ds_config {key} is \"auto\" and the script is a Hugging Face Trainer's: each "
               f"experiment sets it through {dict(zip(BATCH_KEYS, TRAINER_FLAGS))[key]} (autotuning.arg_mappings)")
@@ -718,6 +725,8 @@ class ProfileOutcome:
     """The device's copy pace the run timed (TuneSettings.device_copy_bytes_per_s)."""
     activation_checkpointing: bool = False
     """Whether the script recomputed its blocks in backward (TuneSettings.script_checkpointing)."""
+    precision: Precision | None = None
+    """The precision of the engine's weights (TuneSettings.script_precision)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -738,6 +747,14 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
                        throughput_samples_per_s=samples / step_s, step_s_rel_error=step_rel_error(profiled),
                        peak_memory_bytes=profiled.peak_memory_bytes, source=str(run.run_dir),
                        reason="zerotune tune's profiling run")
+
+
+def precision_of_dtype(dtype: str) -> Precision | None:
+    """The ds_config precision an engine's parameter dtypes (ProfiledRun.dtype, e.g. 'bfloat16' or
+    'float32,bfloat16') show: DeepSpeed casts the module to fp16 / bf16 when the section enables it
+    (runtime/engine.py _configure_distributed_model); None when no dtype was recorded."""
+    names = set(dtype.split(",")) if dtype else set()
+    return "bf16" if "bfloat16" in names else "fp16" if "float16" in names else "fp32" if "float32" in names else None
 
 
 def _check_followed(settings: TuneSettings, profiled: ProfiledRun, micro_batch: int, run_dir: Path) -> None:
@@ -780,7 +797,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
     seq_len = settings.seq_len or profiled.seq_len
     cfg = _as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg),
-                              replace(settings, script_checkpointing=profiled.activation_checkpointing))
+                              replace(settings, script_checkpointing=profiled.activation_checkpointing,
+                                      script_precision=precision_of_dtype(profiled.dtype)))
     if seq_len is None:
         raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
                          f" give --seq_len")
@@ -792,7 +810,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
-                          profiled.copy_bytes_per_s, profiled.activation_checkpointing)
+                          profiled.copy_bytes_per_s, profiled.activation_checkpointing,
+                          precision_of_dtype(profiled.dtype))
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
@@ -806,7 +825,8 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
             settings = replace(settings, model=profiled.model_path, seq_len=profiled.seq_len,
                                optimizer_impl=profiled.optimizer_impl, device_matmul=profiled.device_matmul,
                                device_copy_bytes_per_s=profiled.device_copy_bytes_per_s,
-                               script_checkpointing=profiled.activation_checkpointing)
+                               script_checkpointing=profiled.activation_checkpointing,
+                               script_precision=profiled.precision)
             initial = (profiled.measurement,) if profiled.measurement else ()
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:
