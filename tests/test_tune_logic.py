@@ -630,3 +630,15 @@ def test_a_trainer_filled_precision_is_costed_as_the_engine_ran_it(tmp_path: Pat
     stated = dc_replace(base, script_precision="bf16")  # no "auto": the ds_config's own precision stands
     assert _as_the_script_runs(parse_ds_config({"train_micro_batch_size_per_gpu": 1}, world_size=WORLD),
                                stated).precision == "fp32"
+
+
+def test_the_mapped_flags_the_optimal_command_changes_are_named() -> None:
+    """A Trainer run tuned to micro-batch 123 writes ds_config_optimal.json with it; the user's own command (its
+    --per_device_train_batch_size 8) then fails the Trainer's check. tune names the flags cmd_optimal.txt sets."""
+    from zerotune.validate.tune import _changed_flags
+    given = ("--output_dir", "out", "--per_device_train_batch_size", "8", "--do_train")
+    cmd = ("deepspeed", "--num_gpus", "2", "run.py", "--output_dir", "out", "--per_device_train_batch_size", "123",
+           "--gradient_accumulation_steps", "2", "--do_train", "--deepspeed", "opt.json")
+    flags = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--per_device_train_batch_size")
+    assert _changed_flags(given, cmd, flags) == "--per_device_train_batch_size 123, --gradient_accumulation_steps 2"
+    assert _changed_flags(cmd[4:], cmd, flags) == ""  # already what the user gives: nothing to say

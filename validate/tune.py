@@ -33,7 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
@@ -814,6 +814,20 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
                           precision_of_dtype(profiled.dtype))
 
 
+def _changed_flags(given: Sequence[str], optimal_cmd: Sequence[str], flags: Iterable[str]) -> str:
+    """'flag value, ...' of the mapped flags (autotuning.arg_mappings: a Trainer's --per_device_train_batch_size, a
+    script's own --batch_size) whose value the optimal command sets other than the user's arguments do."""
+    def value(args: Sequence[str], flag: str) -> str | None:
+        for i, arg in enumerate(args):
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+            if arg == flag and i + 1 < len(args):
+                return args[i + 1]
+        return None
+    changed = [(f, value(optimal_cmd, f)) for f in dict.fromkeys(f.strip() for f in flags)]
+    return ", ".join(f"{f} {v}" for f, v in changed if v is not None and v != value(given, f))
+
+
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     """The `tune` verb: 0 when a configuration was measured (and --run trained), 1 when none finished,
     130 on Ctrl-C; user mistakes raise ValueError (the CLI prints one line and exits 2)."""
@@ -843,6 +857,12 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     advice = lr_advice(given, outcome.best.config, world)
     if advice:
         print(f"zerotune tune: {advice}")
+    changed = _changed_flags(settings.command.args, outcome.optimal_cmd,
+                             (autotuning_of(settings.doc, world).arg_mappings or {}).values())
+    if changed:
+        print(f"zerotune tune: {outcome.layout.optimal_config.name} goes with the script's arguments in "
+              f"{outcome.layout.optimal_cmd.name} ({changed}): run that command, or give those values yourself (the "
+              f"Hugging Face Trainer refuses a ds_config whose batch differs from its arguments)")
     if not settings.run_after:
         return 0
     return subprocess.call(list(outcome.optimal_cmd), env={**os.environ, **settings.env})
