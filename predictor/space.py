@@ -197,8 +197,14 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
     micro_batches = (_positive_ints(micro, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) if isinstance(
         doc.get("train_micro_batch_size_per_gpu"), list) else
         tuple(range(at.min_train_micro_batch_size_per_gpu, at.max_train_micro_batch_size_per_gpu + 1)))
-    return SearchSpace(tuple(variants.values()), micro_batches, *_batch_limits(doc, at.max_train_batch_size,
-                                                                     at.min_train_batch_size, dp))
+    space = SearchSpace(tuple(variants.values()), micro_batches, *_batch_limits(doc, at.max_train_batch_size,
+                                                                      at.min_train_batch_size, dp))
+    train = doc.get("train_batch_size")
+    if isinstance(train, int) and not isinstance(train, bool) and train > 0 and not len(space.batch_grid(dp)[0]):
+        raise ValueError(f"ds_config train_batch_size {train} is not micro-batch x accumulation x {dp} data-parallel "
+                         f"GPUs for any micro-batch of the space ({micro_batches[0]}-{micro_batches[-1]}); make it a "
+                         f"multiple of {dp} or widen train_micro_batch_size_per_gpu")
+    return space
 
 
 def _batch_limits(doc: dict[str, Any], max_train: int | None, min_train: int,

@@ -642,3 +642,29 @@ def test_the_mapped_flags_the_optimal_command_changes_are_named() -> None:
     flags = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--per_device_train_batch_size")
     assert _changed_flags(given, cmd, flags) == "--per_device_train_batch_size 123, --gradient_accumulation_steps 2"
     assert _changed_flags(cmd[4:], cmd, flags) == ""  # already what the user gives: nothing to say
+
+
+def test_a_calibration_band_widens_for_a_model_it_was_not_fitted_on(tmp_path: Path) -> None:
+    """The shipped CPU profile's band (out of sample, by configuration of zt-gpt-small) is +-3%; users' scripts' first
+    predictions missed by 22-170%. For another model the band adds MODEL_TRANSFER_REL in quadrature; for the fitted
+    model it stays the profile's."""
+    from dataclasses import replace as dc_replace
+
+    from zerotune.calibrate.profiles import load_profile, shipped_profile_path
+    from zerotune.validate.tune import MODEL_TRANSFER_REL, _load_profile
+    shipped = load_profile(shipped_profile_path("cpu")).uncertainty.bands().step_time_rel
+    said: list[str] = []
+    fitted = _load_profile(dc_replace(_settings(tmp_path, [1], [1]), model="zt-gpt-small"), said.append)
+    assert fitted.uncertainty.step_time_rel == shipped
+    other = _load_profile(_settings(tmp_path, [1], [1]), said.append)  # TINY, not among the profile's models
+    assert other.uncertainty.step_time_rel == pytest.approx(math.hypot(shipped, MODEL_TRANSFER_REL))
+    assert any("widens" in line for line in said)
+
+
+def test_a_train_batch_size_no_micro_batch_divides_is_refused_before_any_run(tmp_path: Path) -> None:
+    """train_batch_size 7 on 2 GPUs: was found only after the profiling run, as 'the tuning space is empty'; now the
+    space itself refuses it, naming the key, so profile_model stops before launching anything."""
+    with pytest.raises(ValueError, match=r"ds_config train_batch_size 7 is not .* 2 data-parallel GPUs"):
+        space_from_ds_config({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2}, world_size=WORLD)
+    assert space_from_ds_config({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2},
+                                world_size=WORLD).batch_grid(WORLD)[0].tolist() == [1, 2, 4]
