@@ -51,15 +51,6 @@ DEFAULT_STAGE_KNOBS: dict[int, dict[str, tuple[Any, ...]]] = {
         "stage3_param_persistence_threshold": (100_000, 1_000_000)},
 }
 EXPLORABLE = ("offload", "checkpointing")
-
-
-def explorable_on(explore: Iterable[str], hardware_kind: str) -> tuple[str, ...]:
-    """What of `explore` is worth exploring on this kind of device. Offload moves optimizer state (and parameters)
-    from the device's memory to the host's (DeepSpeedZeroOptimizer's cpu_offload, stage_1_and_2.py; stage 3's
-    offload_param): where the device is the host CPU both are the same RAM, so an offload variant frees nothing
-    and only adds the copies and DeepSpeedCPUAdam's build; it is not explored there (a user's own offload section
-    is kept)."""
-    return tuple(e for e in explore if not (e == "offload" and hardware_kind == "cpu"))
 _STAGE3_ONLY = ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
                  "stage3_max_reuse_distance", "sub_group_size")
 _IGNORED_BY_STAGE = {0: ("overlap_comm", "reduce_scatter", "reduce_bucket_size", "allgather_bucket_size",
@@ -99,6 +90,15 @@ class SearchSpace:
 
     def num_configs(self, dp_size: int) -> int:
         return len(self.variants) * len(self.batch_grid(dp_size)[0])
+
+
+def explorable_on(explore: Iterable[str], hardware_kind: str) -> tuple[str, ...]:
+    """What of `explore` is worth exploring on this kind of device. Offload moves optimizer state (and parameters)
+    from the device's memory to the host's (DeepSpeedZeroOptimizer's cpu_offload, stage_1_and_2.py; stage 3's
+    offload_param): where the device is the host CPU both are the same RAM, so an offload variant frees nothing
+    and only adds the copies and DeepSpeedCPUAdam's build; it is not explored there (a user's own offload section
+    is kept)."""
+    return tuple(e for e in explore if not (e == "offload" and hardware_kind == "cpu"))
 
 
 def _values(doc: dict[str, Any], key: str, path: str) -> list[Any] | None:

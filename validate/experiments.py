@@ -53,6 +53,12 @@ def _flag_value(argv: list[str], i: int) -> str | None:
     return None
 
 
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value the arguments give `flag` (`--flag value` or `--flag=value`), or None when they do not give it."""
+    at = next((i for i, arg in enumerate(args) if arg == flag or arg.startswith(flag + "=")), None)
+    return _flag_value(list(args), at) if at is not None else None
+
+
 def split_user_command(script: str | Path, argv: Sequence[str]) -> UserCommand:
     """Find the ds_config path among the user's arguments. `--deepspeed` with no path after it is
     deepspeed.add_config_arguments' on/off switch and stays; the path then comes from --deepspeed_config."""
@@ -119,8 +125,7 @@ def batch_as_given(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Ma
         key, flag = key.strip(), flag.strip()
         if key not in BATCH_KEYS:
             continue
-        at = next((i for i, arg in enumerate(args) if arg == flag or arg.startswith(flag + "=")), None)
-        value = _flag_value(list(args), at) if at is not None else None
+        value = flag_value(args, flag)
         if value is None and out.get(key) == "auto":
             value = dict(zip(TRAINER_FLAGS, TRAINER_DEFAULTS)).get(flag)
         if str(value).isdigit():

@@ -26,10 +26,11 @@ import yaml
 from zerotune.predictor.activations import layer_activation_bytes
 from zerotune.predictor.catalog import model_from_hf_dict
 from zerotune.predictor.dsconfig import OptimizerImpl
+from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["PROFILING_SITE", "MatmulPace", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s",
-           "step_rel_error", "model_yaml"]
+           "step_rel_error", "model_yaml", "precision_of_dtype"]
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
@@ -391,6 +392,14 @@ def _optimizer_impl(doc: Any, read: list[str], assumed: list[str]) -> OptimizerI
         return None
     read.append(f"optimizer {short} ({'fused' if impl == 'fused' else 'unfused: one pass over the tensors per op'})")
     return impl
+
+
+def precision_of_dtype(dtype: str) -> Precision | None:
+    """The ds_config precision an engine's parameter dtypes (ProfiledRun.dtype, e.g. 'bfloat16' or
+    'float32,bfloat16') show: DeepSpeed casts the module to fp16 / bf16 when the section enables it
+    (runtime/engine.py _configure_distributed_model); None when no dtype was recorded."""
+    names = set(dtype.split(",")) if dtype else set()
+    return "bf16" if "bfloat16" in names else "fp16" if "float16" in names else "fp32" if "float32" in names else None
 
 
 def median_step_s(run: ProfiledRun) -> float | None:

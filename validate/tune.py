@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, deepspeed_command, free_port, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
-from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile
+from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile, profile_measurements
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, experiment_name, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AUTO, AutotuningConfig, OptimizerImpl
 from zerotune.predictor.hardware import Precision
@@ -47,15 +47,15 @@ from zerotune.predictor.space import EXPLORABLE, SearchSpace, explorable_on, spa
 from zerotune.predictor.units import GIB
 from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, batch_as_given, check_arg_mappings,
                                           experiment_ds_config, filtered_resources, optimal_ds_config,
-                                          read_ds_config, read_hostfile, rewrite_args, split_user_command,
-                                          trainer_arg_mappings)
+                                          flag_value, read_ds_config, read_hostfile, rewrite_args,
+                                          split_user_command, trainer_arg_mappings)
 from zerotune.validate.args import positive_float, positive_int
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, candidate_table, fit_probability,
                                      memory_bounds, observation_of, prediction_of, run_search)
-from zerotune.validate.profiled import (MatmulPace, ProfiledRun, median_step_s, model_yaml, profiling_env,
-                                        read_profiled, step_rel_error)
+from zerotune.validate.profiled import (MatmulPace, ProfiledRun, median_step_s, model_yaml, precision_of_dtype,
+                                        profiling_env, read_profiled, step_rel_error)
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, best_result, exp_document, format_summary, lr_advice,
                               load_finished, measured_from_metrics, result_dict, write_json_atomic,
                               write_text_atomic)
@@ -189,7 +189,7 @@ def _load_profile(settings: TuneSettings, log: Callable[[str], None] = print) ->
     micro = profile.environment.get("microbenchmarks") or {}
     copy = micro.get("memory_bandwidth_bytes_per_s")
     bands = profile.uncertainty.bands()
-    fitted = sorted({str(r.get("model")) for r in profile.fitted_on.get("measurements") or [] if isinstance(r, dict)})
+    fitted = sorted({m.model for m in profile_measurements(profile)})
     if settings.model not in fitted:
         wider = math.hypot(bands.step_time_rel, MODEL_TRANSFER_REL)
         log(f"zerotune tune: the profile was fitted on {', '.join(fitted) or 'no named model'}; for another model "
@@ -768,14 +768,6 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
                        reason="zerotune tune's profiling run")
 
 
-def precision_of_dtype(dtype: str) -> Precision | None:
-    """The ds_config precision an engine's parameter dtypes (ProfiledRun.dtype, e.g. 'bfloat16' or
-    'float32,bfloat16') show: DeepSpeed casts the module to fp16 / bf16 when the section enables it
-    (runtime/engine.py _configure_distributed_model); None when no dtype was recorded."""
-    names = set(dtype.split(",")) if dtype else set()
-    return "bf16" if "bfloat16" in names else "fp16" if "float16" in names else "fp32" if "float32" in names else None
-
-
 def _check_followed(settings: TuneSettings, profiled: ProfiledRun, micro_batch: int, run_dir: Path) -> None:
     """ValueError (one line) when the profiling run's engine did not run the micro-batch of the ds_config it was
     given: the script builds its engine from a config of its own (a dict, or a path from its own flag), so no
@@ -814,10 +806,10 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
     _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
-    seq_len = settings.seq_len or profiled.seq_len
+    seq_len, precision = settings.seq_len or profiled.seq_len, precision_of_dtype(profiled.dtype)
     cfg = _as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg),
                               replace(settings, script_checkpointing=profiled.activation_checkpointing,
-                                      script_precision=precision_of_dtype(profiled.dtype)))
+                                      script_precision=precision))
     if seq_len is None:
         raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
                          f" give --seq_len")
@@ -829,22 +821,14 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
-                          profiled.copy_bytes_per_s, profiled.activation_checkpointing,
-                          precision_of_dtype(profiled.dtype))
+                          profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision)
 
 
 def _changed_flags(given: Sequence[str], optimal_cmd: Sequence[str], flags: Iterable[str]) -> str:
     """'flag value, ...' of the mapped flags (autotuning.arg_mappings: a Trainer's --per_device_train_batch_size, a
     script's own --batch_size) whose value the optimal command sets other than the user's arguments do."""
-    def value(args: Sequence[str], flag: str) -> str | None:
-        for i, arg in enumerate(args):
-            if arg.startswith(flag + "="):
-                return arg.split("=", 1)[1]
-            if arg == flag and i + 1 < len(args):
-                return args[i + 1]
-        return None
-    changed = [(f, value(optimal_cmd, f)) for f in dict.fromkeys(f.strip() for f in flags)]
-    return ", ".join(f"{f} {v}" for f, v in changed if v is not None and v != value(given, f))
+    changed = [(f, flag_value(optimal_cmd, f)) for f in dict.fromkeys(f.strip() for f in flags)]
+    return ", ".join(f"{f} {v}" for f, v in changed if v is not None and v != flag_value(given, f))
 
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
