@@ -441,8 +441,8 @@ def _precision(doc: dict[str, Any]) -> Precision:
     for name, sec in (("fp16", fp16), ("bf16", bf16)):
         if sec.get("enabled") == AUTO:
             warnings.warn(f"ds_config {name}.enabled is \"auto\" (set by the Hugging Face Trainer); "
-                          f"costed as off, as the Trainer runs it without --{name} (zerotune predict: --precision "
-                          f"sets it)", stacklevel=3)
+                          f"read as off, as the Trainer runs it without --{name}; zerotune tune costs it as its "
+                          f"profiling run's engine ran, zerotune predict as --precision says", stacklevel=3)
     if fp16_on and bf16_on:
         raise ValueError("ds_config enables both fp16.enabled and bf16.enabled; DeepSpeed allows one: disable one")
     return "fp16" if fp16_on else "bf16" if bf16_on else "fp32"  # `amp` is refused (_refuse_removed)
