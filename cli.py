@@ -25,7 +25,8 @@ from zerotune.validate import plan as planning
 from zerotune.validate.args import non_negative_float, positive_float, positive_int, positive_int_list
 from zerotune.validate.experiments import read_ds_config
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
-from zerotune.validate.tune import add_tune_arguments, run_tune
+from zerotune.validate.settings import add_tune_arguments
+from zerotune.validate.tune import run_tune
 from zerotune.validate.report import (format_estimate, format_ranking, format_whatif, prediction_dict, ranking_dict,
                              whatif_dict)
 

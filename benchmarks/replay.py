@@ -42,7 +42,8 @@ from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Half, Skip, fram
 from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from zerotune.validate.plan import build_job
 from zerotune.validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
-from zerotune.validate.tune import DEFAULT_TOP_K, load_profile_for
+from zerotune.validate.settings import DEFAULT_TOP_K
+from zerotune.validate.calibration import load_profile_for
 
 __all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "PUBLISHED", "data_sets",
            "published_groups", "measurement_groups", "error_shares", "replay_group", "replay", "format_table", "main",

@@ -38,6 +38,11 @@ class Uncertainty:
     memory_rel: float = 0.1
     """Uncalibrated default: the memory model against DeepSpeed's own estimators and Korthikanti et al.'s
     activation figures agrees within a few percent; allocator behaviour adds the rest."""
+    shared_rel: float = 0.0
+    """The part of step_time_rel (added to it in quadrature) that every configuration of the job shares: a model the
+    calibration was not fitted on runs its kernels at its own efficiency, which moves all its configurations
+    together (zerotune.validate.calibration.MODEL_TRANSFER_REL). One measurement of the job removes it; the search's
+    prior gives it to the shared term alone (zerotune.validate.search._variances)."""
 
 
 @dataclass(frozen=True)

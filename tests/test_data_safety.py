@@ -15,7 +15,8 @@ from zerotune.calibrate.profiles import load_profile, shipped_profile_path
 from zerotune.predictor import load_hardware, model_from_hf_config
 from zerotune.predictor.catalog import data_dir
 from zerotune.cli import main
-from zerotune.validate.tune import TuneSettings, _load_profile
+from zerotune.validate.settings import TuneSettings
+from zerotune.validate.calibration import calibration_for
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "tests" / "fixtures" / "measurements.csv"
@@ -46,14 +47,14 @@ def test_calibrate_from_a_table_writes_the_user_folder_named_by_hardware(home: P
 def test_tune_says_which_profile_it_uses(home: Path) -> None:
     settings = TuneSettings(command=None, doc={}, model="", hardware="cpu", num_gpus=2)  # type: ignore[arg-type]
     said: list[str] = []
-    _load_profile(settings, said.append)
+    calibration_for(settings, said.append)
     assert str(shipped_profile_path("cpu")) in said[0]
     (home / "profiles").mkdir(parents=True)
     shutil.copy(shipped_profile_path("cpu"), home / "profiles" / "cpu.json")
     said.clear()
-    _load_profile(settings, said.append)
+    calibration_for(settings, said.append)
     assert str(home / "profiles" / "cpu.json") in said[0]  # the user's own calibration, said out loud
-    _load_profile(TuneSettings(command=None, doc={}, model="", hardware="v100-16gb", num_gpus=2),  # type: ignore[arg-type]
+    calibration_for(TuneSettings(command=None, doc={}, model="", hardware="v100-16gb", num_gpus=2),  # type: ignore[arg-type]
                   said.append)
     assert "no calibration profile" in said[-1]
 

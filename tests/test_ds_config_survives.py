@@ -14,7 +14,8 @@ from zerotune.calibrate.launch import LaunchSpec, RunResult
 from zerotune.predictor import parse_ds_config, to_ds_config
 from zerotune.predictor.dsconfig import REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
 from zerotune.validate.experiments import UserCommand
-from zerotune.validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
+from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings
+from zerotune.validate.tune import tune
 
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
 WORLD = 2

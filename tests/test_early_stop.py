@@ -17,8 +17,10 @@ from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.validate.results import ExperimentResult, Prediction
 from zerotune.predictor.rank import rank
 from zerotune.predictor.space import space_from_ds_config
-from zerotune.validate.tune import (BUILTIN_SCRIPT, EARLY_STOP_MARGIN, TuneSettings, load_profile_for, stop_rule_for,
-                                    tune)
+from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings
+from zerotune.validate.runs import EARLY_STOP_MARGIN, stop_rule_for
+from zerotune.validate.calibration import load_profile_for
+from zerotune.validate.tune import tune
 from tests.conftest import make_job
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -17,7 +17,7 @@ from benchmarks.report import JobResult, format_markdown, grid_best, grid_score,
 from benchmarks.tools import ToolRun, cpu_env, read_experiments
 from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import parse_ds_config
-from zerotune.validate.tune import DEFAULT_TOP_K
+from zerotune.validate.settings import DEFAULT_TOP_K
 
 
 def test_base64_config_from_deepspeeds_autotuner_becomes_a_file(tmp_path: Path) -> None:

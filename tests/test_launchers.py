@@ -12,7 +12,8 @@ import pytest
 
 from zerotune.calibrate.launch import LaunchSpec, deepspeed_command, launch
 from zerotune.validate.experiments import filtered_resources
-from zerotune.validate.tune import LAUNCHERS, _launch_spec, add_tune_arguments, settings_from_args
+from zerotune.validate.settings import LAUNCHERS, add_tune_arguments, settings_from_args
+from zerotune.validate.runs import launch_spec
 
 
 def _settings(tmp_path: Path, *flags: str):  # type: ignore[no-untyped-def]
@@ -30,7 +31,7 @@ def _settings(tmp_path: Path, *flags: str):  # type: ignore[no-untyped-def]
 
 
 def _command(settings, tmp_path: Path) -> list[str]:  # type: ignore[no-untyped-def]
-    return deepspeed_command(_launch_spec(settings, {"train_micro_batch_size_per_gpu": 2}, tmp_path / "run", ()))
+    return deepspeed_command(launch_spec(settings, {"train_micro_batch_size_per_gpu": 2}, tmp_path / "run", ()))
 
 
 def _flag(cmd: list[str], flag: str) -> str:

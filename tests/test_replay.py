@@ -14,7 +14,8 @@ from zerotune.calibrate.launch import LaunchSpec, RunResult
 from zerotune.predictor import estimate, experiment_name, parse_ds_config
 from zerotune.validate.experiments import UserCommand
 from zerotune.validate.plan import build_job
-from zerotune.validate.tune import BUILTIN_SCRIPT, TuneSettings, tune
+from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings
+from zerotune.validate.tune import tune
 
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
 WORLD, SEQ_LEN = 2, 32
@@ -96,7 +97,7 @@ def test_replay_figures_on_the_small_grids_hold() -> None:
 
 def test_error_shares_split_a_per_stage_error_into_the_family_specific_part() -> None:
     from benchmarks.replay import error_shares
-    from zerotune.validate.tune import load_profile_for
+    from zerotune.validate.calibration import load_profile_for
     eff, _ = load_profile_for("cpu")  # measured = the replay's own prediction x one factor per stage
     rows = tuple(GridRow(r.job, r.config, "ok", estimate(r.job, r.config, eff).time.step_s
                          * FACTOR[r.config.zero.stage], r.source) for r in _grid().rows)

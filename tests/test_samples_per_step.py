@@ -15,7 +15,8 @@ from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import DSConfig, estimate, to_ds_config
 from tests.conftest import make_job
 from zerotune.validate.results import Prediction, lr_advice
-from zerotune.validate.tune import _result, autotuning_of, window_step_s
+from zerotune.validate.runs import experiment_result, window_step_s
+from zerotune.validate.settings import autotuning_of
 
 # 2 nodes x 8 GPUs, tensor parallel 2, pipeline 2: 4 data-parallel ranks, each 3 samples x 5 accumulation steps.
 WORLD = 16
@@ -56,7 +57,7 @@ def test_a_deepspeed_autotuning_folder(tmp_path: Path) -> None:
 def test_a_tune_experiment(tmp_path: Path) -> None:
     job = make_job("gpt2", "a100-80gb", 2, 8, 512)
     run = RunResult("ok", "", 0, 1.0, tmp_path, {"throughput": THROUGHPUT})
-    result = _result("x", CFG, Prediction(1.0, 1.0, 1.0, 1.0, 1.0), run, job, autotuning_of({}, 16))
+    result = experiment_result("x", CFG, Prediction(1.0, 1.0, 1.0, 1.0, 1.0), run, job, autotuning_of({}, 16))
     assert result.step_s == pytest.approx(0.5) and result.throughput_samples_per_s == pytest.approx(THROUGHPUT)
 
 

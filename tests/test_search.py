@@ -96,6 +96,23 @@ def test_one_family_off_beyond_the_band_widens_the_others_and_a_second_family_se
     assert apart.std[2] > same.std[2]
 
 
+def test_a_shared_band_is_one_offset_that_one_measurement_removes_for_every_family() -> None:
+    # A calibration (+-3.5%) used for a model it was not fitted on (+15% shared, zerotune.validate.calibration.
+    # MODEL_TRANSFER_REL): the same total band either way, but measured 6% slow in one family (within the shared
+    # part's one standard deviation, 8%), the others follow the whole offset and keep about the calibration's own
+    # band when the extra part is shared; spread over the families, it leaves them twice as wide
+    fams = ((0, "none", "none", False, 1, 1), (1, "none", "none", False, 1, 1), (2, "none", "none", False, 1, 1))
+    cands = Candidates(fams, np.array([0, 1, 2]), np.array([8, 8, 8]), np.ones(3), np.full(3, 0.5), np.zeros(3))
+    total = math.hypot(0.035, 0.15)
+    spread, shared = Uncertainty(step_time_rel=total), Uncertainty(step_time_rel=total, shared_rel=0.15)
+    assert posterior(cands, [], shared).std[1] == pytest.approx(posterior(cands, [], spread).std[1])  # same band
+    measured = [_observe(cands, 0, 1.06)]
+    after, before = posterior(cands, measured, shared), posterior(cands, measured, spread)
+    assert after.mean[1] == pytest.approx(math.log(1.06), rel=0.1) and before.mean[1] < 0.8 * math.log(1.06)
+    own_band = -math.log(1 - 0.035) / BAND_Z
+    assert after.std[1] < 1.5 * own_band and before.std[1] > 2 * after.std[1]
+
+
 def test_a_trend_in_micro_batch_seen_in_one_family_carries_to_the_others() -> None:
     # family 0 measured at micro-batch 4 as predicted and at 8 40% faster: per-step costs were overestimated,
     # which every family shares, so family 1's micro-batch 8 is corrected more than its micro-batch 4

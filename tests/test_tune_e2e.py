@@ -17,7 +17,8 @@ import pytest
 from zerotune.calibrate.measurement import read_jsonl
 from zerotune.predictor.units import GIB
 from zerotune.validate.experiments import split_user_command
-from zerotune.validate.tune import TuneSettings, add_tune_arguments, settings_from_args, tune
+from zerotune.validate.settings import TuneSettings, add_tune_arguments, settings_from_args
+from zerotune.validate.tune import tune
 
 pytestmark = pytest.mark.deepspeed
 
@@ -162,7 +163,7 @@ def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
 
 def test_model_information_from_one_profiling_run_of_the_script(tmp_path: Path) -> None:
     from zerotune.predictor import load_model
-    from zerotune.validate.tune import profile_model
+    from zerotune.validate.profiling_run import profile_model
     settings = _fault_settings(tmp_path, [2], "", top_k=1, timeout_s=240)
     profiled = profile_model(replace(settings, seq_len=None))
     model = load_model(profiled.model_path)
@@ -199,7 +200,7 @@ def _script_settings(argv: list[str]) -> TuneSettings:
 def test_deepspeed_examples_style_script_is_read_and_measured(tmp_path: Path) -> None:
     """--deepspeed --deepspeed_config, deepspeed.add_config_arguments, data through initialize(training_data=...)."""
     from zerotune.predictor import load_model
-    from zerotune.validate.tune import profile_model
+    from zerotune.validate.profiling_run import profile_model
     config = _script_config(tmp_path, [1, 2])
     settings = _script_settings([str(SCRIPTS / "encoder_mlm.py"), "--deepspeed", "--deepspeed_config", str(config),
                                  "--steps", "50"])
@@ -219,7 +220,7 @@ def test_a_vision_transformer_script_is_read_from_its_blocks(tmp_path: Path) -> 
     """A ViT (no nn.Embedding): the real profiling run reads the width from its blocks and the sequence (64
     patches and the class token) from the first block's input, which the profiling hook records."""
     from zerotune.predictor import load_model
-    from zerotune.validate.tune import profile_model
+    from zerotune.validate.profiling_run import profile_model
     config = _script_config(tmp_path, [1, 2])
     settings = _script_settings([str(SCRIPTS / "vit_classifier.py"), "--deepspeed", "--deepspeed_config",
                                  str(config), "--steps", "50"])
@@ -309,7 +310,7 @@ def test_lora_finetune_script_is_read_with_what_trains(tmp_path: Path) -> None:
     optimizer): the real profiling run reads the frozen parameters and the adapters, and the model it writes charges
     optimizer states for the adapters alone."""
     from zerotune.predictor import load_model
-    from zerotune.validate.tune import profile_model
+    from zerotune.validate.profiling_run import profile_model
     config = _script_config(tmp_path, [1, 2])
     doc = json.loads(config.read_text())
     doc["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}

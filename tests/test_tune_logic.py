@@ -24,7 +24,9 @@ from zerotune.validate.experiments import (UserCommand, check_arg_mappings, mode
                                   rewrite_args, split_user_command)
 from zerotune.validate.plan import build_job
 from zerotune.validate.results import ExperimentResult, Prediction, best_result, measured_from_metrics
-from zerotune.validate.tune import (BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, lr_advice, settings_from_args, tune)
+from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, settings_from_args
+from zerotune.validate.results import lr_advice
+from zerotune.validate.tune import tune
 
 TINY = str(Path(__file__).resolve().parent / "fixtures" / "tiny-gpt.yaml")
 WORLD = 2
@@ -353,7 +355,7 @@ def test_grid_runs_every_configuration_and_compares_the_pick(tmp_path: Path) -> 
 
 
 def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> None:
-    from zerotune.validate.tune import profile_model
+    from zerotune.validate.profiling_run import profile_model
     script = tmp_path / "train.py"
     script.write_text("")
     ds = tmp_path / "ds.json"
@@ -528,7 +530,8 @@ def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:
     # the head-to-head's uncalibrated job (issue 13): the shipped CPU profile exists, --profile none ignores it
     from zerotune.predictor.job import Efficiency
     from zerotune.predictor.rank import Uncertainty
-    from zerotune.validate.tune import NO_PROFILE, load_profile_for
+    from zerotune.validate.settings import NO_PROFILE
+    from zerotune.validate.calibration import load_profile_for
     said: list[str] = []
     assert load_profile_for("cpu", Path(NO_PROFILE), said.append) == (Efficiency(), Uncertainty())
     assert "uncalibrated" in said[-1]
@@ -537,12 +540,12 @@ def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:
 
 def test_the_scripts_own_optimizer_is_costed_only_where_the_ds_config_builds_none() -> None:
     from zerotune.predictor.space import space_from_ds_config
-    from zerotune.validate.tune import _with_script_optimizer
+    from zerotune.validate.profiling_run import with_script_optimizer
     bare = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [0, 1]}}
     built = {**bare, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}
     for doc, expected in ((bare, "fused"), (built, "torch")):  # the profiling run read a fused AdamW
         settings = SimpleNamespace(optimizer_impl="fused", doc=doc)
-        space = _with_script_optimizer(settings, space_from_ds_config(doc, world_size=2))  # type: ignore[arg-type]
+        space = with_script_optimizer(settings, space_from_ds_config(doc, world_size=2))  # type: ignore[arg-type]
         assert {v.optimizer_impl for v in space.variants} == {expected}
 
 
@@ -550,22 +553,23 @@ def test_the_devices_matmul_pace_today_rescales_the_calibrated_gemm_rate() -> No
     # The shipped CPU profile's microbenchmark timed a 2048^3 fp32 matmul at 95.5 GFLOP/s (2026-11-23); the same
     # matmul in a profiling run at twice that makes the GEMMs twice as fast, and nothing else changes
     from dataclasses import replace
-    from zerotune.validate.tune import MAX_PACE_RATIO, NO_PROFILE, _load_profile, _paced
+    from zerotune.validate.calibration import MAX_PACE_RATIO, calibration_for, paced
+    from zerotune.validate.settings import NO_PROFILE
     settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "m", "cpu", 2)
     lines: list[str] = []
-    model = _load_profile(settings, lambda _: None)
-    paced = _paced(model, replace(settings, device_matmul=("fp32", 2048, 2 * 95.51e9)), lines.append)
-    ratio = paced.efficiency.gemm_efficiency_scale / model.efficiency.gemm_efficiency_scale
+    model = calibration_for(settings, lambda _: None)
+    faster = paced(model, replace(settings, device_matmul=("fp32", 2048, 2 * 95.51e9)), lines.append)
+    ratio = faster.efficiency.gemm_efficiency_scale / model.efficiency.gemm_efficiency_scale
     assert ratio == pytest.approx(2.0, rel=0.01) and "GFLOP/s" in lines[0]
-    assert replace(paced.efficiency, gemm_efficiency_scale=model.efficiency.gemm_efficiency_scale) == model.efficiency
-    far = _paced(model, replace(settings, device_matmul=("fp32", 2048, 1e15)), lines.append)
+    assert replace(faster.efficiency, gemm_efficiency_scale=model.efficiency.gemm_efficiency_scale) == model.efficiency
+    far = paced(model, replace(settings, device_matmul=("fp32", 2048, 1e15)), lines.append)
     assert far.efficiency.gemm_efficiency_scale == pytest.approx(MAX_PACE_RATIO * model.efficiency.gemm_efficiency_scale)
     # no timing, another shape, or no calibration to compare with: unchanged
-    assert _paced(model, settings, lines.append) == model
-    assert _paced(model, replace(settings, device_matmul=("fp32", 1000, 1e11)), lines.append) == model
+    assert paced(model, settings, lines.append) == model
+    assert paced(model, replace(settings, device_matmul=("fp32", 1000, 1e11)), lines.append) == model
     none = replace(settings, device_matmul=("fp32", 2048, 1e11), profile=Path(NO_PROFILE))
-    uncalibrated = _load_profile(none, lambda _: None)
-    assert _paced(uncalibrated, none, lines.append) == uncalibrated
+    uncalibrated = calibration_for(none, lambda _: None)
+    assert paced(uncalibrated, none, lines.append) == uncalibrated
 
 
 def test_the_devices_copy_pace_today_rescales_the_memory_bound_kernels() -> None:
@@ -573,18 +577,19 @@ def test_the_devices_copy_pace_today_rescales_the_memory_bound_kernels() -> None
     # host); a profiling run that copies at a third of that makes the memory-bound kernels a third as fast and
     # leaves the GEMMs alone (on 2026-11-25 this VM, moved to an Intel Xeon host, copied at 12.2 GB/s)
     from dataclasses import replace
-    from zerotune.validate.tune import NO_PROFILE, _load_profile, _paced
+    from zerotune.validate.settings import NO_PROFILE
+    from zerotune.validate.calibration import calibration_for, paced
     settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "m", "cpu", 2)
     lines: list[str] = []
-    model = _load_profile(settings, lambda _: None)
+    model = calibration_for(settings, lambda _: None)
     assert model.calibration_copy_bytes_per_s == pytest.approx(35.27e9, rel=0.001)
-    paced = _paced(model, replace(settings, device_copy_bytes_per_s=35.27e9 / 3), lines.append)
-    ratio = paced.efficiency.memory_bandwidth_efficiency / model.efficiency.memory_bandwidth_efficiency
+    slower = paced(model, replace(settings, device_copy_bytes_per_s=35.27e9 / 3), lines.append)
+    ratio = slower.efficiency.memory_bandwidth_efficiency / model.efficiency.memory_bandwidth_efficiency
     assert ratio == pytest.approx(1 / 3, rel=0.01) and "GB/s" in lines[0]
-    assert paced.efficiency.gemm_efficiency_scale == model.efficiency.gemm_efficiency_scale
+    assert slower.efficiency.gemm_efficiency_scale == model.efficiency.gemm_efficiency_scale
     none = replace(settings, device_copy_bytes_per_s=1e10, profile=Path(NO_PROFILE))
-    uncalibrated = _load_profile(none, lambda _: None)
-    assert _paced(uncalibrated, none, lines.append) == uncalibrated
+    uncalibrated = calibration_for(none, lambda _: None)
+    assert paced(uncalibrated, none, lines.append) == uncalibrated
 
 
 def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -595,7 +600,7 @@ def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(t
 
     from zerotune.predictor import load_model
     from zerotune.validate.profiled import ProfiledRun
-    from zerotune.validate.tune import _check_followed
+    from zerotune.validate.profiling_run import _check_followed
     script = tmp_path / "train.py"
     script.write_text("")
     settings = dc_replace(_settings(tmp_path, [1], [1]),
@@ -615,7 +620,8 @@ def test_a_trainer_filled_precision_is_costed_as_the_engine_ran_it(tmp_path: Pat
     from dataclasses import replace as dc_replace
 
     from zerotune.predictor.dsconfig import to_ds_config
-    from zerotune.validate.tune import _as_the_script_runs, precision_of_dtype
+    from zerotune.validate.profiling_run import as_the_script_runs
+    from zerotune.validate.profiled import precision_of_dtype
     assert [precision_of_dtype(d) for d in ("bfloat16", "float32,float16", "float32", "")] == \
         ["bf16", "fp16", "fp32", None]
     script = tmp_path / "train.py"
@@ -625,10 +631,10 @@ def test_a_trainer_filled_precision_is_costed_as_the_engine_ran_it(tmp_path: Pat
     auto = dc_replace(base, doc={**base.doc, "bf16": {"enabled": "auto"}}, script_precision="bf16")
     cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "auto"}}, world_size=WORLD)
     assert cfg.precision == "fp32"  # "auto" alone reads as off
-    ran = _as_the_script_runs(cfg, auto)
+    ran = as_the_script_runs(cfg, auto)
     assert ran.precision == "bf16" and to_ds_config(ran, WORLD)["bf16"] == {"enabled": "auto"}
     stated = dc_replace(base, script_precision="bf16")  # no "auto": the ds_config's own precision stands
-    assert _as_the_script_runs(parse_ds_config({"train_micro_batch_size_per_gpu": 1}, world_size=WORLD),
+    assert as_the_script_runs(parse_ds_config({"train_micro_batch_size_per_gpu": 1}, world_size=WORLD),
                                stated).precision == "fp32"
 
 
@@ -651,13 +657,14 @@ def test_a_calibration_band_widens_for_a_model_it_was_not_fitted_on(tmp_path: Pa
     from dataclasses import replace as dc_replace
 
     from zerotune.calibrate.profiles import load_profile, shipped_profile_path
-    from zerotune.validate.tune import MODEL_TRANSFER_REL, _load_profile
+    from zerotune.validate.calibration import MODEL_TRANSFER_REL, calibration_for
     shipped = load_profile(shipped_profile_path("cpu")).uncertainty.bands().step_time_rel
     said: list[str] = []
-    fitted = _load_profile(dc_replace(_settings(tmp_path, [1], [1]), model="zt-gpt-small"), said.append)
-    assert fitted.uncertainty.step_time_rel == shipped
-    other = _load_profile(_settings(tmp_path, [1], [1]), said.append)  # TINY, not among the profile's models
+    fitted = calibration_for(dc_replace(_settings(tmp_path, [1], [1]), model="zt-gpt-small"), said.append)
+    assert fitted.uncertainty.step_time_rel == shipped and fitted.uncertainty.shared_rel == 0
+    other = calibration_for(_settings(tmp_path, [1], [1]), said.append)  # TINY, not among the profile's models
     assert other.uncertainty.step_time_rel == pytest.approx(math.hypot(shipped, MODEL_TRANSFER_REL))
+    assert other.uncertainty.shared_rel == MODEL_TRANSFER_REL  # one offset for all its configurations
     assert any("widens" in line for line in said)
 
 

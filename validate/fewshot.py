@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import re
 import statistics
 import sys
@@ -72,6 +73,11 @@ class FewShot:
     """The same with the profile calibrated on the fit rows."""
     per_model_after: dict[str, float]
     per_model_before: dict[str, float]
+    shared_rms: float = 0.0
+    """After calibration: RMS over the test models of each model's mean log error (predicted against measured step
+    time), the part of the transfer error all of a model's configurations share."""
+    within_rms: float = 0.0
+    """After calibration: RMS of the log errors about their model's mean, the part that differs by configuration."""
 
 
 def _key(name: str) -> str:
@@ -148,11 +154,23 @@ def _calibrate(rows: Sequence[Row], folder: Path) -> tuple[Efficiency, tuple[str
 
 def _errors(rows: Sequence[Row], eff: Efficiency) -> dict[str, list[float]]:
     """|predicted / measured throughput - 1| per row, by model."""
+    return {m: [abs(math.exp(e) - 1) for e in errors] for m, errors in _log_errors(rows, eff).items()}
+
+
+def _log_errors(rows: Sequence[Row], eff: Efficiency) -> dict[str, list[float]]:
+    """log(measured / predicted step time) per row, by model."""
     out: dict[str, list[float]] = {}
     for r in rows:
-        predicted = estimate(r.case.job, r.case.config, eff).time.step_s
-        out.setdefault(r.model, []).append(abs(r.step_s / predicted - 1))
+        out.setdefault(r.model, []).append(math.log(r.step_s / estimate(r.case.job, r.case.config, eff).time.step_s))
     return out
+
+
+def error_split(errors: dict[str, list[float]]) -> tuple[float, float]:
+    """(RMS of the models' mean log errors, RMS of the log errors about their model's mean): how much of a
+    transferred calibration's error one measurement of the model would remove."""
+    means = [statistics.fmean(e) for e in errors.values()]
+    about = [x - statistics.fmean(e) for e in errors.values() for x in e]
+    return math.sqrt(statistics.fmean([m * m for m in means])), math.sqrt(statistics.fmean([d * d for d in about]))
 
 
 def _spread(rows: list[Row], count: int) -> list[Row]:
@@ -190,7 +208,7 @@ def fewshot(path: Path, fit_model: str | None = None, num_rows: int = 3) -> FewS
     return FewShot(path.name, fit_rows[0].quality, fit_rows[0].model, tuple(r.row_id for r in fit_rows), tuple(after),
                    len(test), fitted, statistics.fmean(flat(before)), statistics.fmean(flat(after)),
                    {m: statistics.fmean(e) for m, e in after.items()},
-                   {m: statistics.fmean(e) for m, e in before.items()})
+                   {m: statistics.fmean(e) for m, e in before.items()}, *error_split(_log_errors(test, eff)))
 
 
 def _default_data() -> Path:
@@ -209,6 +227,8 @@ def _format(r: FewShot) -> str:
     lines += [f"{m:<24}{r.per_model_before[m]:>10.1%}{r.per_model_after[m]:>10.1%}" for m in r.test_models]
     lines.append(f"throughput MAPE on the test models: {r.mape_before:.1%} uncalibrated, {r.mape_after:.1%} "
                  f"calibrated on {r.fit_model}")
+    lines.append(f"calibrated, log error split: {r.shared_rms:.3f} RMS of each model's mean (shared by its "
+                 f"configurations), {r.within_rms:.3f} RMS about it")
     return "\n".join(lines)
 
 

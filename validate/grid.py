@@ -26,8 +26,8 @@ from zerotune.predictor.rank import MAXIMISED, Metric, evaluate_space
 from zerotune.predictor.space import space_from_ds_config
 from zerotune.validate.plan import build_job
 from zerotune.validate.results import ExperimentResult, Layout, Prediction, best_result
-from zerotune.validate.tune import Launcher, TuneSettings, add_tune_arguments, autotuning_of, measurement_of, \
-    run_experiment, settings_from_args
+from zerotune.validate.runs import measurement_of, run_experiment
+from zerotune.validate.settings import Launcher, TuneSettings, add_tune_arguments, autotuning_of, settings_from_args
 
 __all__ = ["grid_configs", "run_grid", "grid_path", "compare", "environment_note", "main"]
 

@@ -1,6 +1,6 @@
 """What `zerotune tune`'s profiling run read from the user's process, turned into a model YAML and a measurement.
 
-The run (zerotune.validate.tune.profile_model) is the user's script under DeepSpeed's launcher with
+The run (zerotune.validate.profiling_run.profile_model) is the user's script under DeepSpeed's launcher with
 calibrate/profiling_site first on PYTHONPATH: its sitecustomize wraps deepspeed.initialize and writes
 <prefix>.model.json (the engine module's structure, calibrate/inspect_model.py) and <prefix>.rank<R>.json (the
 first micro-batch's input shapes, block forward calls, attention kernel calls, step times and peak memory).

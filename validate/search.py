@@ -250,14 +250,17 @@ class _Variances:
 def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: float,
                errors: np.ndarray | None = None, labels: Sequence[FamilyKey] = (),
                log_mb: np.ndarray | None = None, noise_var: np.ndarray | None = None) -> _Variances:
-    """Each kernel term's variance: the prior's shares of the ranking's band, scaled where the measured errors
+    """Each kernel term's variance: the prior's shares of the ranking's band (its shared_rel part to the shared term
+    alone, the rest by SHARES), scaled where the measured errors
     (`errors`, of configurations of families `labels`) exceed them (_excess). Terms are grouped as the errors can
     tell them apart: common (shared, and the factors every configuration of `families` has in common), slope
     (per octave of micro-batch from `centre`, the log2 micro-batch where it adds nothing), specific (the factors
     they differ in, the family) and within-family (micro-batch, own)."""
     total = _prior_variance(uncertainty)
+    shared = min(_prior_variance(Uncertainty(step_time_rel=uncertainty.shared_rel)), total)
     varying = _varying(families)
-    base = {term: share * total for term, share in SHARES.items()}
+    base = {term: share * (total - shared) for term, share in SHARES.items()}
+    base["shared"] += shared  # a model the calibration was not fitted on: one offset for all its configurations
     prior = {"common": base["shared"] + base["factor"] * varying.count(False),
              "specific": base["factor"] * varying.count(True) + base["family"], "within": base["mb"] + base["own"],
              "slope": 0.0}

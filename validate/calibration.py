@@ -1,0 +1,136 @@
+"""The model `tune` starts from: a calibration profile's efficiencies and bands (or the uncalibrated defaults),
+widened for a model the profile was not fitted on and rescaled to the device's pace that the profiling run timed."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping
+
+from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile, profile_measurements
+from zerotune.predictor import Efficiency, load_hardware
+from zerotune.predictor.rank import Uncertainty
+from zerotune.validate.settings import NO_PROFILE, TuneSettings
+
+__all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "MODEL_TRANSFER_REL", "MAX_PACE_RATIO"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The model the search starts from: efficiency parameters and the uncertainty of their predictions."""
+
+    efficiency: Efficiency
+    uncertainty: Uncertainty
+    calibration_matmul_flops_per_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    """The calibration's microbenchmark FLOP/s of square matmuls by (dtype, edge); empty when uncalibrated."""
+    calibration_copy_bytes_per_s: float | None = None
+    """The calibration's memory microbenchmark (tensor copy, read + write); None when uncalibrated."""
+
+
+MODEL_TRANSFER_REL = 0.15
+"""What a calibration's step-time band leaves out when the job's model is not one it was fitted on: its
+out-of-sample band holds configurations of the fitted model (held out by configuration, calibrate/fit.py), not
+other models. Measured transfers: calibrating on three rows of one model of the published 16-V100 table and
+predicting its others, 7.6% mean error on the test half (validate/fewshot.py; about 19% as the band's two standard
+deviations of a half-normal error); the CPU profile fitted on zt-gpt-small predicted the encoder and decoder fixture
+scripts within +1% to -14% (data/measurements/cpu_probes_other_models/README.md); five scripts written as users
+write them, tuned on the 2-vCPU machine on 2026-11-26: +22% to +170% at micro-batch 1, where the band claimed +-3%.
+Added in quadrature to the profile's band, as an error every configuration of the job shares (Uncertainty.shared_rel):
+the transferred model's errors split by model (fit on three rows of one model, log error of every other row) are
+mostly one offset per model, RMS 0.095 of the models' means against 0.064 about them on the 16-V100 table (7 models,
+25 rows) and 0.107 against 0.101 on vTrain's single-node runs (7 models, 210 rows), where the spread about the mean is
+the configuration error a model's own calibration also has (`python -m zerotune.validate.fewshot` prints the split)."""
+
+
+def calibration_for(settings: TuneSettings, log: Callable[[str], None] = print) -> Calibration:
+    profile = _resolve_profile(settings.hardware, settings.profile, log)
+    if profile is None:
+        return Calibration(Efficiency(), Uncertainty())
+    micro = profile.environment.get("microbenchmarks") or {}
+    copy = micro.get("memory_bandwidth_bytes_per_s")
+    bands = profile.uncertainty.bands()
+    fitted = sorted({m.model for m in profile_measurements(profile)})
+    if settings.model not in fitted:
+        wider = math.hypot(bands.step_time_rel, MODEL_TRANSFER_REL)
+        log(f"zerotune tune: the profile was fitted on {', '.join(fitted) or 'no named model'}; for another model "
+            f"its step-time band widens from {bands.step_time_rel:.1%} to {wider:.1%} (MODEL_TRANSFER_REL)")
+        bands = replace(bands, step_time_rel=wider, shared_rel=MODEL_TRANSFER_REL)
+    return Calibration(profile.efficiency, bands, _square_matmuls(profile),
+                  float(copy) if isinstance(copy, (int, float)) and copy > 0 else None)
+
+
+def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[str], None] = lambda _: None
+                     ) -> tuple[Efficiency, Uncertainty]:
+    """The efficiency and bands of the profile tune uses (_resolve_profile); the uncalibrated defaults without one."""
+    profile = _resolve_profile(hardware, given, log)
+    return (profile.efficiency, profile.uncertainty.bands()) if profile else (Efficiency(), Uncertainty())
+
+
+def _resolve_profile(hardware: str, given: Path | None, log: Callable[[str], None]) -> CalibrationProfile | None:
+    """The profile named by --profile, else the user's calibration of this hardware, else the shipped one;
+    which one is used (or that none is) is said through `log`, never picked up silently. --profile none
+    (NO_PROFILE): none, the uncalibrated defaults, even where a calibration exists."""
+    if given is not None and str(given) == NO_PROFILE:
+        log(f"zerotune tune: --profile {NO_PROFILE}: predicting {hardware} uncalibrated (default efficiencies and "
+            f"bands)")
+        return None
+    if given is not None and not Path(given).is_file():
+        raise ValueError(f"--profile {given}: no such file; give a calibration profile (zerotune calibrate "
+                         f"writes one)")
+    path = given or find_profile(load_hardware(hardware).name)  # honours ZEROTUNE_HOME / ZEROTUNE_DATA
+    if path is None:
+        log(f"zerotune tune: no calibration profile for {hardware}; predicting uncalibrated "
+            f"(zerotune calibrate --hardware {hardware} makes one)")
+        return None
+    profile = load_profile(Path(path))
+    if profile.hardware != hardware:
+        warnings.warn(f"--profile {path} was fitted on {profile.hardware}, not {hardware}; tuning uncalibrated")
+        return None
+    log(f"zerotune tune: calibration profile {path}")
+    return profile
+
+
+def _square_matmuls(profile: CalibrationProfile) -> dict[tuple[str, int], float]:
+    """The profile's microbenchmark FLOP/s of each edge^3 matmul, by (dtype, edge)."""
+    micro = profile.environment.get("microbenchmarks") or {}
+    rates: dict[tuple[str, int], float] = {}
+    for r in micro.get("matmul") or []:
+        if isinstance(r, dict) and r.get("m") == r.get("n") == r.get("k") and r.get("flops_per_s"):
+            key = (str(r.get("dtype")), int(r["m"]))
+            rates[key] = max(rates.get(key, 0.0), float(r["flops_per_s"]))
+    return rates
+
+
+MAX_PACE_RATIO = 4.0
+"""A device timed more than this many times faster or slower than its calibration is not the calibrated one
+(another machine, a thermal fault): the rescaling stops here."""
+
+
+def paced(model: "Calibration", settings: TuneSettings, log: Callable[[str], None]) -> "Calibration":
+    """The model with its GEMM rate scaled by the device's matmul pace now over the calibration's, and its memory
+    bandwidth by its copy pace: a calibration holds for the machine as it ran that day, and a shared machine's
+    pace moves (this CPU VM's single-thread fp32 matmul: 95 GFLOP/s in the shipped profile's microbenchmark on
+    2026-11-23, 153-172 on 2026-11-25; its tensor copy 35 GB/s then, 12 now: the VM had moved from an AMD EPYC host
+    to an Intel Xeon one). Each is clipped at MAX_PACE_RATIO; the profiling run's own measurement corrects the rest."""
+    eff = model.efficiency
+    if settings.device_matmul is not None:
+        dtype, edge, now = settings.device_matmul
+        then = model.calibration_matmul_flops_per_s.get((dtype, edge))
+        if then and now > 0:
+            ratio = _clip_pace(now / then)
+            log(f"zerotune tune: a {edge}^3 {dtype} matmul ran at {now / 1e9:.4g} GFLOP/s in the profiling run against "
+                f"{then / 1e9:.4g} in the calibration: GEMMs predicted x{ratio:.3g} as fast")
+            eff = replace(eff, gemm_efficiency_scale=eff.gemm_efficiency_scale * ratio)
+    now_copy, then_copy = settings.device_copy_bytes_per_s, model.calibration_copy_bytes_per_s
+    if now_copy and then_copy:
+        ratio = _clip_pace(now_copy / then_copy)
+        log(f"zerotune tune: a tensor copy ran at {now_copy / 1e9:.3g} GB/s in the profiling run against "
+            f"{then_copy / 1e9:.3g} in the calibration: memory-bound kernels predicted x{ratio:.3g} as fast")
+        eff = replace(eff, memory_bandwidth_efficiency=eff.memory_bandwidth_efficiency * ratio)
+    return replace(model, efficiency=eff)
+
+
+def _clip_pace(ratio: float) -> float:
+    return min(max(ratio, 1.0 / MAX_PACE_RATIO), MAX_PACE_RATIO)

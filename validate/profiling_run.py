@@ -1,0 +1,145 @@
+"""`tune`'s profiling run of a user's script: what it read about the model (zerotune.validate.profiled), its
+measurement, and how every configuration of that script is costed as the script runs it (its own optimizer,
+its own checkpointing, the precision its engine held)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from zerotune.calibrate.launch import RunResult, launch
+from zerotune.calibrate.measurement import Measurement, append_jsonl
+from zerotune.predictor import DSConfig
+from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
+from zerotune.predictor.hardware import Precision
+from zerotune.predictor.space import SearchSpace, space_from_ds_config
+from zerotune.validate.experiments import experiment_ds_config, rewrite_args
+from zerotune.validate.profiled import (MatmulPace, ProfiledRun, median_step_s, model_yaml, precision_of_dtype,
+                                        profiling_env, read_profiled, step_rel_error)
+from zerotune.validate.results import write_text_atomic
+from zerotune.validate.runs import launch_spec, window_step_s
+from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of
+
+__all__ = ["ProfileOutcome", "profile_model", "as_the_script_runs", "with_script_optimizer"]
+
+
+def as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
+    """A user script's configuration costed with the checkpointing its profiling run saw, its section kept as the user
+    wrote it (ActivationCheckpointing.by_script); the built-in workload's as the ds_config switches it."""
+    if settings.command.script == BUILTIN_SCRIPT:
+        return cfg
+    ckpt = cfg.activation_checkpointing
+    section = ckpt.section if ckpt.by_script else ckpt.enabled  # parsed from the user's ds_config: its presence
+    seen = section if settings.script_checkpointing is None else settings.script_checkpointing
+    auto = any(isinstance(settings.doc.get(p), dict) and settings.doc[p].get("enabled") == AUTO for p in ("fp16", "bf16"))
+    if auto and settings.script_precision is not None:  # the Trainer filled it: its engine's weights say how
+        cfg = cfg.replace(precision=settings.script_precision)
+    return cfg.replace(activation_checkpointing=replace(ckpt, enabled=seen, by_script=True, section=section))
+
+
+def _script_optimizer(doc: dict[str, Any], impl: OptimizerImpl | None, cfg: DSConfig) -> DSConfig:
+    """`cfg` costed with the script's own optimizer (as the profiling run read it) when the ds_config builds none."""
+    return cfg if impl is None or "optimizer" in doc else cfg.replace(optimizer_impl=impl)
+
+
+def with_script_optimizer(settings: TuneSettings, space: SearchSpace) -> SearchSpace:
+    """Every variant of the space costed with the script's own optimizer (_script_optimizer)."""
+    return replace(space, variants=tuple(_script_optimizer(settings.doc, settings.optimizer_impl, v)
+                                         for v in space.variants))
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    """The profiling run: the model YAML it wrote, the sequence length it saw, and its measurement."""
+
+    model_path: str
+    seq_len: int | None
+    measurement: Measurement | None
+    """Its step time and peak memory, for the tuner's correction (None when it measured nothing)."""
+    optimizer_impl: OptimizerImpl | None = None
+    """The script's optimizer as the run read it (ProfiledRun.optimizer_impl)."""
+    device_matmul: MatmulPace | None = None
+    """The device's matmul pace the run timed (TuneSettings.device_matmul)."""
+    device_copy_bytes_per_s: float | None = None
+    """The device's copy pace the run timed (TuneSettings.device_copy_bytes_per_s)."""
+    activation_checkpointing: bool = False
+    """Whether the script recomputed its blocks in backward (TuneSettings.script_checkpointing)."""
+    precision: Precision | None = None
+    """The precision of the engine's weights (TuneSettings.script_precision)."""
+
+
+def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
+                         model_path: str, seq_len: int) -> Measurement | None:
+    """DeepSpeed's engine timing (autotuning metrics) when written, else the hook's median wall step."""
+    world = settings.num_nodes * settings.num_gpus
+    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * world // cfg.mp_size
+    step_s = median_step_s(profiled)
+    if run.status == "ok" and run.metrics is not None:
+        try:
+            step_s = window_step_s(run, samples, autotuning_of(settings.doc, world))
+        except ValueError:
+            pass
+    if step_s is None:
+        return None
+    return Measurement(model=model_path, hardware=settings.hardware, num_nodes=settings.num_nodes,
+                       num_gpus_per_node=settings.num_gpus, seq_len=seq_len, config=cfg, status="ok", step_s=step_s,
+                       throughput_samples_per_s=samples / step_s, step_s_rel_error=step_rel_error(profiled),
+                       peak_memory_bytes=profiled.peak_memory_bytes, source=str(run.run_dir),
+                       reason="zerotune tune's profiling run")
+
+
+def _check_followed(settings: TuneSettings, profiled: ProfiledRun, micro_batch: int, run_dir: Path) -> None:
+    """ValueError (one line) when the profiling run's engine did not run the micro-batch of the ds_config it was
+    given: the script builds its engine from a config of its own (a dict, or a path from its own flag), so no
+    experiment would run what it is named for and every measurement would be scored at the wrong batch."""
+    ran = profiled.engine_micro_batch
+    if ran is None or ran == micro_batch:
+        return
+    flag = settings.command.ds_config_flag
+    raise ValueError(f"the profiling run of {settings.command.script} asked for train_micro_batch_size_per_gpu "
+                     f"{micro_batch} through {flag} but its DeepSpeed engine ran {ran} (see {run_dir}): the script "
+                     f"builds the engine from a config of its own; make it pass the {flag} file to "
+                     f"deepspeed.initialize (args=args or config=args.{flag.lstrip('-')}), as DeepSpeed's autotuner "
+                     f"also requires")
+
+
+def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
+    """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
+    experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
+    Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
+    world = settings.num_nodes * settings.num_gpus
+    at = autotuning_of(settings.doc, world)
+    space = space_from_ds_config(settings.doc, world_size=world, explore=())
+    cfg = space.variants[0].replace(train_micro_batch_size_per_gpu=min(space.micro_batches))
+    run_dir = Path(at.results_dir) / "profile"
+    prefix = (run_dir / "profiled").resolve()
+    for old in run_dir.glob("profiled.*.json"):
+        old.unlink()
+    doc = experiment_ds_config(cfg, world, at)
+    spec = launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc))
+    run = launcher(replace(spec, env=profiling_env(spec.env, prefix)))
+    name = f"profiled-{settings.command.script.stem}"
+    try:
+        profiled = read_profiled(prefix, name, world)
+    except ValueError as exc:
+        why = f"{run.status}{': ' + run.reason if run.reason else ''}"
+        raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
+                         f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
+    _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
+    seq_len, precision = settings.seq_len or profiled.seq_len, precision_of_dtype(profiled.dtype)
+    cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg),
+                              replace(settings, script_checkpointing=profiled.activation_checkpointing,
+                                      script_precision=precision))
+    if seq_len is None:
+        raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
+                         f" give --seq_len")
+    path = Path(at.results_dir) / "model_profiled.yaml"
+    write_text_atomic(path, model_yaml(profiled, f"read by zerotune tune's profiling run of "
+                                                f"{settings.command.script} ({run_dir})"))
+    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), seq_len)
+    if measurement is not None:
+        (run_dir / "measurement.jsonl").unlink(missing_ok=True)
+        append_jsonl(run_dir / "measurement.jsonl", [measurement])
+    return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
+                          profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision)

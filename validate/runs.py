@@ -1,0 +1,152 @@
+"""One experiment of `tune`: its launch, its early stop and its result, read from DeepSpeed's engine timing."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, free_port
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import DSConfig, Job, estimate, experiment_name
+from zerotune.predictor.dsconfig import AutotuningConfig
+from zerotune.predictor.rank import MAXIMISED, Metric
+from zerotune.validate.experiments import experiment_ds_config, rewrite_args
+from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp_document, load_finished,
+                                       measured_from_metrics, result_dict, write_json_atomic)
+from zerotune.validate.settings import Launcher, TuneSettings
+
+__all__ = ["launch_spec", "run_experiment", "experiment_result", "window_step_s", "stop_rule_for", "measurement_of",
+           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
+
+
+EARLY_STOP_MIN_STEPS = 2
+"""Timed steps an experiment runs before it may be stopped early: one step can be a warm-up outlier."""
+EARLY_STOP_MARGIN = 0.05
+"""An experiment is stopped early only when even its fastest step is this much worse than the measured best
+(step times spread by a few percent from step to step)."""
+
+
+def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
+    ok = result.status in ("ok", "stopped") and result.step_s is not None
+    return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
+                       num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
+                       status=result.status, step_s=result.step_s if ok else None,
+                       throughput_samples_per_s=result.throughput_samples_per_s if ok else None,
+                       source=str(layout.run_dir(result.name)), reason=result.reason)
+
+
+def launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],
+                 stop_rule: StopRule | None = None) -> LaunchSpec:
+    o = settings.launch_flags
+    filtered = o.include is not None or o.exclude is not None  # the runner refuses counts beside a filter
+    return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir,
+                      master_port=o.master_port or free_port(), timeout_s=settings.timeout_s, script_args=tuple(args),
+                      num_gpus=None if filtered else settings.num_gpus,
+                      num_nodes=settings.num_nodes if settings.hostfile and not filtered else None,
+                      hostfile=settings.hostfile, include=o.include, exclude=o.exclude, launcher=o.launcher,
+                      launcher_args=o.launcher_args, no_ssh=o.no_ssh, master_addr=o.master_addr,
+                      env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
+                      ds_config_flag=settings.command.ds_config_flag, stop_rule=stop_rule)
+
+
+def _metric_of_step(metric: Metric, step_s: float, samples: int, flops: float) -> float:
+    return {"throughput": samples / step_s, "latency": step_s * 1e3, "flops": flops / step_s}[metric]
+
+
+def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: float,
+                  at: AutotuningConfig) -> StopRule:
+    """Stop an experiment once EARLY_STOP_MIN_STEPS steps of the engine's measuring window (start_profile_step to
+    end_profile_step; the steps before it are warm-up) are timed and even the fastest is more than EARLY_STOP_MARGIN
+    worse than the measured best: the mean the full run would report cannot beat it. A run whose whole window
+    is timed is finishing anyway and is left to write its metrics."""
+    assert best.metric_value is not None
+    best_value = float(best.metric_value)
+    window = at.end_profile_step - at.start_profile_step + 1
+
+    def rule(steps: tuple[float, ...]) -> str | None:
+        timed = steps[at.start_profile_step:]
+        if not EARLY_STOP_MIN_STEPS <= len(timed) < window:
+            return None
+        value = _metric_of_step(metric, min(timed), samples, flops)
+        ratio = value / best_value if MAXIMISED[metric] else best_value / value
+        if ratio >= 1.0 - EARLY_STOP_MARGIN:
+            return None
+        return (f"stopped early after {len(timed)} of {window} timed steps: its fastest ({min(timed):.4g} s, "
+                f"{metric} {value:.4g}) is {100 * (1 - ratio):.0f}% worse than the measured best ({best.name}, "
+                f"{best_value:.4g}), so it cannot beat it")
+    return rule
+
+
+def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, at: AutotuningConfig) -> ExperimentResult:
+    metric = at.metric
+    if run.status == "stopped":  # its partial step times still correct the predictions (zerotune.validate.search)
+        step_s = statistics.median(run.step_times_s) if run.step_times_s else None
+        return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
+    if run.status != "ok" or run.metrics is None:
+        return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
+    samples = cfg.samples_per_step(job.cluster.world_size)
+    flops = estimate(job, cfg).time.model_flops_per_gpu
+    try:
+        step_s = window_step_s(run, samples, at)
+    except ValueError as exc:
+        return ExperimentResult(name, cfg, prediction, "failed", str(exc), wall_s=run.wall_s)
+    return ExperimentResult(name, cfg, prediction, "ok", "", _metric_of_step(metric, step_s, samples, flops), step_s,
+                            samples / step_s, run.wall_s)
+
+
+def window_step_s(run: RunResult, samples: int, at: AutotuningConfig) -> float:
+    """Seconds per optimizer step over the engine's measuring window, start_profile_step to end_profile_step.
+
+    DeepSpeed's metrics.json is one step, not the window: with wall_clock_breakdown on (experiment_ds_config sets
+    it) the engine logs and resets its global timers after every step (runtime/engine.py:3677 timers.log,
+    utils/timer.py:141-147 reset=True), and it writes the metrics in the exit step before that step's log
+    (engine.py:3657-3658 _autotuning_exit -> timers.get_mean), so they hold the last step alone. On a shared
+    machine one step can be twice its neighbours. The window is the printed steps before the exit step plus that
+    step; its median is the measurement. A metrics.json with its own step_s (zerotune's workload: a median
+    already) is taken as it is. ValueError when metrics.json holds no step time."""
+    assert run.metrics is not None
+    last_s = measured_from_metrics(run.metrics, samples, 0.0, "throughput")[0]
+    window = at.end_profile_step - at.start_profile_step
+    if isinstance(run.metrics.get("step_s"), (int, float)) or window <= 0 or len(run.step_times_s) < window:
+        return last_s
+    return statistics.median([*run.step_times_s[-window:], last_s])
+
+
+def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
+                   cfg: DSConfig, prediction: Prediction, launcher: Launcher,
+                   best: ExperimentResult | None = None) -> ExperimentResult:
+    """Run one configuration (or read back its earlier result) and record it in the layout; with a measured
+    `best`, the run is stopped as soon as its steps show it cannot beat it (stop_rule_for)."""
+    name, world = experiment_name(cfg), job.cluster.world_size
+    ds_config = experiment_ds_config(cfg, world, at)
+    args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
+    same_run = {"ds_config": ds_config, "user_script": str(settings.command.script), "user_args": list(args),
+                "job": {"model": settings.model, "hardware": settings.hardware, "seq_len": job.seq_len}}
+    if not at.overwrite:
+        finished = load_finished(layout, name, world, same_run)
+        if finished is not None:
+            return finished
+    run_dir = layout.run_dir(name)
+    exp = exp_document(name, exp_id, ds_config, job.cluster.num_gpus_per_node, job.cluster.num_nodes, run_dir,
+                       prediction)
+    write_json_atomic(layout.exp_path(name), exp)
+    exp.update(same_run)
+    write_json_atomic(run_dir / "exp.json", exp)  # no result yet: an interrupted experiment is rerun
+    try:
+        rule = None
+        if best is not None:
+            samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world)
+            rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu, at)
+        run = launcher(launch_spec(settings, ds_config, run_dir, args, rule))
+    except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
+        run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
+    if run.status == "failed" and run.returncode == 0 and run.reason == "no metrics written":
+        run = replace(run, reason=f"the script ended before DeepSpeed's engine reached autotuning.end_profile_step "
+                                  f"{at.end_profile_step}, where it writes its metrics: let the script run at least "
+                                  f"{at.end_profile_step + 1} optimizer steps (more steps or data), or lower "
+                                  f"end_profile_step")
+    result = experiment_result(name, cfg, prediction, run, job, at)
+    write_json_atomic(run_dir / "exp.json", {**exp, "result": result_dict(result)})
+    return result

@@ -1,0 +1,241 @@
+"""What `zerotune tune` is asked to do: its settings, read from the command line as DeepSpeed's launcher and
+autotuner read theirs (the script and its arguments, the ds_config, --num_gpus / --num_nodes / --hostfile and the
+launcher's pass-through flags), validated before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from zerotune.calibrate.launch import LaunchSpec, RunResult
+from zerotune.predictor import ClusterSpec, load_hardware, parse_ds_config
+from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
+from zerotune.predictor.hardware import Precision
+from zerotune.predictor.space import EXPLORABLE
+from zerotune.predictor.units import GIB
+from zerotune.validate.args import positive_float, positive_int
+from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, check_arg_mappings,
+                                           filtered_resources, read_ds_config, read_hostfile, split_user_command,
+                                           trainer_arg_mappings)
+from zerotune.validate.profiled import MatmulPace
+
+__all__ = ["TuneSettings", "LauncherOptions", "Launcher", "autotuning_of", "add_tune_arguments",
+           "add_launcher_arguments", "settings_from_args", "LAUNCHERS", "BUILTIN_SCRIPT", "BUILTIN_MODEL",
+           "BUILTIN_SEQ_LEN", "NO_PROFILE", "DEFAULT_TOP_K"]
+
+
+Launcher = Callable[[LaunchSpec], RunResult]
+REPO = Path(__file__).resolve().parent.parent
+BUILTIN_SCRIPT = REPO / "calibrate" / "workload.py"
+BUILTIN_MODEL = "zt-gpt-small"
+BUILTIN_SEQ_LEN = 128
+NO_PROFILE = "none"
+"""--profile's value that tunes uncalibrated even where a calibration profile exists."""
+DEFAULT_TOP_K = 8
+"""--top_k's default: a ceiling on experiments; the stopping rule usually ends the search well before it."""
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    command: UserCommand
+    doc: dict[str, Any]
+    """The user's ds_config as read."""
+    model: str
+    """Catalog name or model file, as Measurement.model records it."""
+    hardware: str
+    num_gpus: int
+    num_nodes: int = 1
+    hostfile: Path | None = None
+    seq_len: int | None = None
+    top_k: int = DEFAULT_TOP_K
+    profile: Path | None = None
+    timeout_s: float = 600.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    memory_limit_bytes: int | None = None
+    explore: tuple[str, ...] = EXPLORABLE
+    run_after: bool = False
+    launch_flags: LauncherOptions = field(default_factory=lambda: LauncherOptions())
+    """DeepSpeed launcher flags passed through as the user gave them."""
+    optimizer_impl: OptimizerImpl | None = None
+    """How the script's own optimizer runs its update, as the profiling run read it; it stands for a ds_config
+    without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
+    script_checkpointing: bool | None = None
+    """Whether the script recomputes its blocks in backward, as the profiling run saw it (ProfiledRun.
+    activation_checkpointing); every configuration of a user's script is costed so (zerotune.validate.profiling_run.as_the_script_runs). None: no
+    profiling run (--model given), and the ds_config's activation_checkpointing section says it, as for predict."""
+    script_precision: Precision | None = None
+    """The precision the profiling run's engine held its weights in (ProfiledRun.dtype); it stands for a precision
+    section the Hugging Face Trainer fills ("enabled": "auto", set by its --fp16 / --bf16). None: no profiling run."""
+    device_matmul: MatmulPace | None = None
+    """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
+    against the calibration profile's microbenchmark of the same shape (zerotune.validate.calibration.paced)."""
+    device_copy_bytes_per_s: float | None = None
+    """The tensor copy the profiling run timed (ProfiledRun.copy_bytes_per_s), against the calibration's memory
+    microbenchmark (zerotune.validate.calibration.paced)."""
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """The deepspeed launcher's flags a user brings (launcher/runner.py), passed through unchanged."""
+
+    include: str | None = None
+    exclude: str | None = None
+    launcher: str | None = None
+    launcher_args: str | None = None
+    no_ssh: bool = False
+    master_addr: str | None = None
+    master_port: int | None = None
+    """None: a free port per run (zerotune's default, so a stale run cannot collide)."""
+
+
+def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
+    section = doc.get("autotuning") or {}
+    at = parse_ds_config({"autotuning": section}, world_size=world_size).autotuning
+    if "overwrite" not in section:  # zerotune resumes by default (module docstring)
+        at = replace(at, overwrite=False)
+    if at.end_profile_step < at.start_profile_step:
+        raise ValueError(f"ds_config autotuning.end_profile_step {at.end_profile_step} is before start_profile_step "
+                         f"{at.start_profile_step}; make it at least as large")
+    return at
+
+
+# -- the command line --------------------------------------------------------------------------------------
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `tune` verb's arguments; everything after the script belongs to the script."""
+    p = parser
+    p.add_argument("--run", action="store_true", help="then train with the optimal configuration")
+    p.add_argument("--num_gpus", type=positive_int("--num_gpus"), help="devices per node, as deepspeed's (default: the hostfile's "
+                                                "slots, else the hardware catalog's devices per node)")
+    p.add_argument("--num_nodes", type=positive_int("--num_nodes"), help="nodes (default: the hostfile's hosts, else 1)")
+    p.add_argument("--hostfile", type=Path, help="DeepSpeed hostfile ('host slots=N' lines); one node needs none")
+    p.add_argument("--top_k", type=positive_int("--top_k"), default=DEFAULT_TOP_K,
+                   help=f"most experiments to run, a ceiling: the search stops sooner once no configuration can "
+                        f"beat the measured best (default {DEFAULT_TOP_K}; autotuning.tuner_num_trials caps it too)")
+    p.add_argument("--profile", type=Path, help="calibration profile (default: the user's calibration of the "
+                                                "hardware, else the shipped data/profiles/<hardware>.json; the one "
+                                                "used is printed; 'none': uncalibrated)")
+    p.add_argument("--model", help="catalog name, model YAML or config.json (default: one profiling run of "
+                                   f"the script; {BUILTIN_MODEL} for the built-in workload)")
+    p.add_argument("--hardware", help="catalog name or YAML (default: cpu when DS_ACCELERATOR=cpu or no "
+                                      "nvidia-smi is on PATH)")
+    p.add_argument("--seq_len", type=positive_int("--seq_len"), help=f"tokens per sample the script trains on (built-in: {BUILTIN_SEQ_LEN})")
+    p.add_argument("--timeout_s", type=positive_float("--timeout_s"), default=600.0, help="seconds before an experiment counts as hung")
+    p.add_argument("--memory_cap_gib", type=positive_float("--memory_cap_gib"), help="per-process address-space cap for experiments (RLIMIT_AS)")
+    p.add_argument("--explore", default=",".join(EXPLORABLE),
+                   help="what the space may add that the ds_config does not set: offload,checkpointing or none")
+    p.add_argument("--deepspeed", dest="tune_ds_config", metavar="DS_CONFIG",
+                   help="the ds_config, when no script is given (the built-in workload, calibrate/workload.py)")
+    add_launcher_arguments(p)
+    p.add_argument("script", nargs="?", help="the training script (default: the built-in workload)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments, --deepspeed ds.json among them")
+
+
+LAUNCHERS = ("pdsh", "openmpi", "mpich", "impi", "slurm", "mvapich")
+"""DeepSpeed's multi-node backends (launcher/constants.py)."""
+
+
+def add_launcher_arguments(p: argparse.ArgumentParser) -> None:
+    """deepspeed's own launcher flags, passed through to every run as the user gives them."""
+    p.add_argument("--include", help="deepspeed --include: hosts and slots to use, e.g. 'worker-0:0,1@worker-1'")
+    p.add_argument("--exclude", help="deepspeed --exclude: hosts and slots to leave out, same format")
+    p.add_argument("--launcher", type=str.lower, choices=LAUNCHERS, help="deepspeed --launcher: the multi-node "
+                   "backend (default pdsh)")
+    p.add_argument("--launcher_args", help="deepspeed --launcher_args: passed to the backend as one string")
+    p.add_argument("--no_ssh", action="store_true", help="deepspeed --no_ssh: each node runs the command itself")
+    p.add_argument("--master_addr", help="deepspeed --master_addr (default: the runner's)")
+    p.add_argument("--master_port", type=int, help="deepspeed --master_port (default: a free port per run)")
+
+
+def _launcher_options(args: argparse.Namespace) -> LauncherOptions:
+    return LauncherOptions(getattr(args, "include", None), getattr(args, "exclude", None),
+                           getattr(args, "launcher", None), getattr(args, "launcher_args", None),
+                           bool(getattr(args, "no_ssh", False)), getattr(args, "master_addr", None),
+                           getattr(args, "master_port", None))
+
+
+def _resources(args: argparse.Namespace, devices_per_node: int) -> tuple[int, int]:
+    """(nodes, devices per node): the flags, else the hostfile (and --include / --exclude), else one node."""
+    hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    if getattr(args, "include", None) or getattr(args, "exclude", None):
+        if args.num_gpus or args.num_nodes:
+            raise ValueError("--include / --exclude cannot be combined with --num_gpus / --num_nodes (as for "
+                             "deepspeed); give one or the other")
+        pool = hosts or [("localhost", devices_per_node)]
+        hosts = filtered_resources(pool, args.include, args.exclude)
+        if not hosts or len({n for _, n in hosts}) != 1:
+            raise ValueError(f"--include/--exclude leave {hosts or 'no devices'}: zerotune models the same number "
+                             f"of devices on every node; choose an even selection")
+        return len(hosts), hosts[0][1]
+    if hosts is None and (args.num_nodes or 1) > 1:
+        raise ValueError(f"--num_nodes {args.num_nodes} needs --hostfile listing the nodes; give one")
+    num_nodes = args.num_nodes or (len(hosts) if hosts else 1)
+    return num_nodes, args.num_gpus or (min(s for _, s in hosts) if hosts else devices_per_node)
+
+
+def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | None]:
+    """(the command, the model, the sequence length): the user's, or the built-in workload's."""
+    if args.script is None:
+        if not args.tune_ds_config:
+            raise ValueError("give a training script and its --deepspeed ds_config.json, or --deepspeed "
+                             "ds_config.json alone to tune the built-in workload")
+        path = Path(args.tune_ds_config)
+        at = autotuning_of(read_ds_config(path), 1)
+        model, seq_len = args.model or BUILTIN_MODEL, args.seq_len or BUILTIN_SEQ_LEN
+        script_args = ("--model", model, "--seq_len", str(seq_len), "--steps", str(at.end_profile_step + 1),
+                       "--warmup", "0")
+        return UserCommand(BUILTIN_SCRIPT, script_args, "--deepspeed_config", path), model, seq_len
+    if not Path(args.script).is_file():
+        raise ValueError(f"training script {args.script}: no such file; give the path of the script to tune")
+    try:
+        command = split_user_command(args.script, args.script_args)
+    except ValueError:
+        if not args.tune_ds_config:
+            raise
+        raise _config_before_the_script(args) from None
+    if args.tune_ds_config and command.ds_config_path.resolve() != Path(args.tune_ds_config).resolve():
+        raise _config_before_the_script(args)
+    return command, args.model, args.seq_len
+
+
+def _config_before_the_script(args: argparse.Namespace) -> ValueError:
+    """--deepspeed before the script is the built-in workload's flag: the script would never see that config."""
+    name = Path(args.script).name
+    return ValueError(f"--deepspeed {args.tune_ds_config} before the script configures the built-in workload; pass "
+                      f"the ds_config among {name}'s arguments, as the script reads it (e.g. {name} --deepspeed_config "
+                      f"{args.tune_ds_config})")
+
+
+def _default_hardware() -> str:
+    if os.environ.get("DS_ACCELERATOR") == "cpu" or shutil.which("nvidia-smi") is None:
+        return "cpu"
+    raise ValueError("which GPU is this? give --hardware (a data/hardware name or YAML)")
+
+
+def settings_from_args(args: argparse.Namespace) -> TuneSettings:
+    """Validated settings (argparse has range-checked the numbers); the model stays empty when it must come from a
+    profiling run."""
+    explore = tuple(i.strip() for i in args.explore.split(",") if i.strip() not in ("", "none"))
+    for item in explore:
+        if item not in EXPLORABLE:
+            raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
+    command, model, seq_len = _command(args)
+    doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path, command.ds_config_flag), command.args)
+    for key in mapped:
+        print(f"zerotune tune: ds_config {key} is \"auto\" and the script is a Hugging Face Trainer's: each "
+              f"experiment sets it through {dict(zip(BATCH_KEYS, TRAINER_FLAGS))[key]} (autotuning.arg_mappings)")
+    hardware = args.hardware or _default_hardware()
+    hw = load_hardware(hardware)
+    num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
+    ClusterSpec(hw, num_nodes, num_gpus)  # --num_gpus within the node, before anything runs
+    at = autotuning_of(doc, num_nodes * num_gpus)  # the autotuning section's numbers, before anything runs
+    check_arg_mappings(doc, command.args, at.arg_mappings)  # and its batch flags, before the profiling run
+    env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if hw.kind == "cpu" else {}
+    return TuneSettings(command, doc, model or "", hardware, num_gpus, num_nodes, args.hostfile, seq_len,
+                        args.top_k, args.profile, args.timeout_s, env,
+                        int(args.memory_cap_gib * GIB) if args.memory_cap_gib else None, explore, args.run,
+                        _launcher_options(args))
