@@ -45,6 +45,8 @@ the configuration error a model's own calibration also has (`python -m zerotune.
 
 
 def calibration_for(settings: TuneSettings, log: Callable[[str], None] = print) -> Calibration:
+    """The calibration tune starts from (_resolve_profile), its band widened by MODEL_TRANSFER_REL when the job's model
+    is not one the profile was fitted on; the uncalibrated defaults without a profile."""
     profile = _resolve_profile(settings.hardware, settings.profile, log)
     if profile is None:
         return Calibration(Efficiency(), Uncertainty())
