@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["describe", "find_blocks", "readable", "HEAD_DIM_ASSUMED", "HF_WIDTH_KEYS"]
+__all__ = ["describe", "find_blocks", "readable", "moe_layers", "HEAD_DIM_ASSUMED", "HF_WIDTH_KEYS"]
 
 ADAPTER_PREFIXES = ("lora_", "ia3_", "hada_", "lokr_", "oft_", "boft_", "vera_")
 """Name prefixes of parameter-efficient adapters' modules and parameters: peft's tuner layers (the `prefix` of
@@ -155,11 +155,13 @@ def _mha_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
 
 
 def _block_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
-    """(name, in, out, bias) of every linear map of one block, nn.MultiheadAttention's fused in-projection included."""
+    """(name, in, out, bias) of every linear map of one block, nn.MultiheadAttention's fused in-projection included;
+    of a DeepSpeed MoE layer, one expert's (a token runs through its top-k experts, not through every local one)
+    and not the gate's h -> experts scores."""
     out = _mha_linears(block)
     for name, mod in block.named_modules():
-        if isinstance(mod, nn.Linear) and not _is_adapter(name):  # a LoRA's own h -> r, r -> out maps are not the block's
-            n_out, n_in = _shape(mod.weight)
+        if isinstance(mod, nn.Linear) and not _is_adapter(name) and not _other_expert(name):
+            n_out, n_in = _shape(mod.weight)  # a LoRA's own h -> r, r -> out maps are not the block's
             out.append((name, n_in, n_out, mod.bias is not None))
     return out
 
@@ -236,6 +238,30 @@ def _params_by_kind(model: nn.Module, blocks: nn.Module) -> dict[str, int]:
         kind = "blocks" if id(p) in inside else "embeddings" if id(p) in emb else "other"
         kinds[kind] += _numel(p)
     return kinds
+
+
+def _other_expert(name: str) -> bool:
+    """A linear of DeepSpeed MoE's gate (deepspeed/moe/sharded_moe.py TopKGate.wg) or of a local expert after the first
+    (deepspeed/moe/experts.py Experts.deepspeed_experts: copies of the one expert module)."""
+    parts = name.split(".")
+    if "gate" in parts and "deepspeed_moe" in parts:
+        return True
+    at = parts.index("deepspeed_experts") if "deepspeed_experts" in parts else -1
+    return 0 <= at < len(parts) - 1 and parts[at + 1] != "0"
+
+
+def moe_layers(model: nn.Module) -> dict[str, int] | None:
+    """DeepSpeed's own MoE layers (deepspeed.moe.layer.MoE): {'layers', 'num_experts', 'ep_size', 'local_experts',
+    'top_k'}, None without any. ZeRO-3 refuses them (runtime/engine.py:2197-2216 _validate_zero3_moe_compatibility:
+    'Native DeepSpeed MoE is not supported with ZeRO Stage 3')."""
+    layers = [m for m in model.modules()
+              if type(m).__name__ == "MoE" and type(m).__module__.startswith("deepspeed.moe")]
+    if not layers:
+        return None
+    first = layers[0]
+    gate = getattr(getattr(first, "deepspeed_moe", None), "gate", None)
+    return {"layers": len(layers), "num_experts": int(first.num_experts), "ep_size": int(first.ep_size),
+            "local_experts": int(first.num_local_experts), "top_k": int(getattr(gate, "k", 1))}
 
 
 def _is_adapter(name: str) -> bool:
@@ -322,8 +348,8 @@ def readable(doc: dict[str, Any]) -> bool:
 def describe(model: nn.Module) -> dict[str, Any]:
     """What the module says about itself: {'hf_config', 'structure', 'error', 'read', 'assumed', 'assumed_fields'
     (structure keys guessed, not read: 'num_heads' where no module states the heads), 'num_params',
-    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing', 'num_weight_layers'}; 'structure' is None when it
-    cannot be read."""
+    'params_by_kind', 'training', 'dtype', 'gradient_checkpointing', 'num_weight_layers', and 'moe' (moe_layers) where
+    DeepSpeed MoE layers are present}; 'structure' is None when it cannot be read."""
     notes: dict[str, list[str]] = {"read": [], "assumed": []}
     out: dict[str, Any] = {"hf_config": _hf_config(model), "structure": None, "error": ""}
     try:
@@ -334,6 +360,15 @@ def describe(model: nn.Module) -> dict[str, Any]:
     if found is not None and out["structure"] is not None:
         out["params_by_kind"] = _params_by_kind(model, found[1])
     out["training"] = _training(model, found[1] if found is not None else None)
+    moe = moe_layers(model)
+    if moe is not None:
+        out["moe"] = moe
+        notes["read"].append(f"DeepSpeed MoE in {moe['layers']} blocks: {moe['num_experts']} experts ("
+                             f"{moe['local_experts']} per rank, ep_size {moe['ep_size']}), top-{moe['top_k']} gate: each "
+                             "token runs its experts' MLP, read from one expert; ZeRO-3 refuses native MoE")
+        notes["assumed"].append("MoE: the gate, the token dispatch and combine, the expert-parallel all-to-alls and "
+                                "the other local experts' parameters are not costed (time and memory are those of a "
+                                f"dense model with one expert's MLP{' run top-k times' if moe['top_k'] > 1 else ''})")
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], assumed_fields=notes.get("assumed_fields", []),
                num_params=_params(model), dtype=",".join(dtypes),

@@ -74,6 +74,72 @@ def test_profiled_yaml_loads_and_counts_the_parameters(tmp_path: Path, script: s
     assert "# read: " in path.read_text() and spec.max_position_embeddings >= 97
 
 
+def test_inputs_padded_per_batch_are_costed_at_the_longest_and_measured_at_the_mean(tmp_path: Path) -> None:
+    """A collator that pads each batch to its longest sample (the Hugging Face Trainer's default with a tokenizer):
+    the first forward's length was one random sample's (a RoBERTa script read 162 and, with another seed, 72, where
+    its batches of 8 padded to about 229). Every configuration is costed at the longest length any rank saw; the
+    profiling run's own measurement at the mean it ran."""
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [1, 72], "dtype": "int64"}]
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs, input_lengths=[72, 200, 131])
+    rank1 = json.loads(Path(f"{prefix}.rank1.json").read_text())
+    Path(f"{prefix}.rank1.json").write_text(json.dumps({**rank1, "input_lengths": [240, 18, 150]}))
+    run = read_profiled(prefix, "enc", 2)
+    assert (run.seq_len, run.measured_seq_len) == (240, round((72 + 200 + 131 + 240 + 18 + 150) / 6))
+    assert any("pads each batch to its longest" in line for line in run.read)
+    same = [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}]
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), same, input_lengths=[128, 128, 128])
+    assert (read_profiled(prefix, "enc", 2).seq_len, read_profiled(prefix, "enc", 2).measured_seq_len) == (128, None)
+
+
+def test_deepspeed_moe_experts_are_one_mlp_not_a_gated_one_and_refuse_zero3(tmp_path: Path) -> None:
+    """A DeepSpeedExamples-style decoder whose MLPs are deepspeed.moe.layer.MoE (4 experts, 2 local per rank, top-1):
+    the two local experts' h -> f maps were read as a gated MLP's gate and up projections. One expert is what a
+    token runs; the layers are recorded, and tune leaves out ZeRO-3, which DeepSpeed's engine refuses for them."""
+    from deepspeed.moe.layer import MoE
+
+    from zerotune.predictor.space import space_from_ds_config
+    from zerotune.validate.profiling_run import moe_space
+
+    class Expert(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(64), torch.nn.LayerNorm(64)
+            self.qkv, self.proj = torch.nn.Linear(64, 192), torch.nn.Linear(64, 64)
+            self.moe = MoE(hidden_size=64, expert=Expert(), num_experts=4, ep_size=2, k=1)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = torch.nn.Embedding(500, 64), torch.nn.Embedding(128, 64)
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+            self.ln_f = torch.nn.LayerNorm(64)
+
+    doc = describe(Model())
+    assert (doc["structure"]["ffn_hidden_size"], doc["structure"]["gated_mlp"]) == (256, False)
+    assert doc["moe"] == {"layers": 3, "num_experts": 4, "ep_size": 2, "local_experts": 2, "top_k": 1}
+    assert any("all-to-alls" in line for line in doc["assumed"])
+    prefix = tmp_path / "profiled"
+    Path(f"{prefix}.model.json").write_text(json.dumps(doc, default=str))
+    state = {"rank": 0, "inputs": [{"name": "", "shape": [1, 96], "dtype": "int64"}], "forward_calls": 3,
+             "block_calls": 3, "step_s": [2.0, 1.0, 1.2]}
+    Path(f"{prefix}.rank0.json").write_text(json.dumps(state))
+    assert read_profiled(prefix, "moe", 1).native_moe
+    said: list[str] = []
+    space = space_from_ds_config({"zero_optimization": {"stage": [0, 1, 2, 3]}}, world_size=2)
+    kept = moe_space(SimpleNamespace(script_moe=True), space, said.append)  # type: ignore[arg-type]
+    assert {v.zero.stage for v in kept.variants} == {0, 1, 2} and "stage 3 left out" in said[0]
+    assert moe_space(SimpleNamespace(script_moe=False), space, said.append) is space  # type: ignore[arg-type]
+    only3 = space_from_ds_config({"zero_optimization": {"stage": 3}}, world_size=2)
+    with pytest.raises(ValueError, match="zero_optimization.stage: .* MoE .* list stage 0, 1 or 2"):
+        moe_space(SimpleNamespace(script_moe=True), only3, said.append)  # type: ignore[arg-type]
+
+
 def test_checkpointing_and_fused_attention_are_read_from_the_first_step(tmp_path: Path) -> None:
     prefix = tmp_path / "profiled"
     inputs = [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}]

@@ -187,3 +187,21 @@ def test_a_second_zero_stage_is_run_before_stopping_when_within_the_stage_error(
     assert indices[0] == 1 and indices[1] in (4, 5)  # the most throughput first (8 / 1.8 per second), then stage 3
     after_one = choose(cands, [_observe(cands, 1, 1.8)], U, np.array([False, True] + [False] * 4), min_gain_rel=0.6)
     assert after_one.index in (4, 5)  # even where no band beats the best by 60%
+
+
+def test_a_measurement_is_predicted_at_the_sequence_length_it_ran() -> None:
+    # a profiling run of a script that pads each batch to its longest sample ran at the mean length (135) while the
+    # job is costed at the longest (240): its prediction, and so the error it corrects with, is the mean's
+    from zerotune.calibrate.measurement import Measurement
+    from zerotune.predictor import DSConfig, Efficiency, estimate
+    from zerotune.validate.search import measured_job, observation_of
+    from tests.conftest import make_job
+    job = make_job("gpt2", "v100-32gb", 1, 2, 240)
+    cfg = DSConfig(train_micro_batch_size_per_gpu=1)
+    ran = Measurement(model="gpt2", hardware="v100-32gb", num_nodes=1, num_gpus_per_node=2, seq_len=135, config=cfg,
+                      status="ok", step_s=0.05)
+    assert measured_job(job, ran).seq_len == 135 and measured_job(job, replace(ran, seq_len=240)) is job
+    observed = observation_of(job, Efficiency(), ran)
+    at_mean = estimate(make_job("gpt2", "v100-32gb", 1, 2, 135), cfg).time.step_s
+    assert observed.predicted_step_s == pytest.approx(at_mean)
+    assert observed.predicted_step_s < estimate(job, cfg).time.step_s

@@ -77,6 +77,11 @@ class ProfiledRun:
     engine_micro_batch: int | None = None
     """train_micro_batch_size_per_gpu of the engine the script built (its config's, which may not be the one it was
     given); None when no step was recorded."""
+    native_moe: bool = False
+    """Whether the model has DeepSpeed's own MoE layers (deepspeed.moe.layer.MoE), which ZeRO-3 refuses."""
+    measured_seq_len: int | None = None
+    """Positions per sample the run's steps had on average, where that differs from seq_len (a collator that pads
+    each batch to its longest sample: seq_len is then the longest seen); None where every input had seq_len."""
 
 
 Tokens = tuple[int, int]
@@ -275,6 +280,27 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     return spec.replace(activation_scale=round(saved / formula, 4)), (batch, positions)
 
 
+def _padded_per_batch(ranks: Sequence[Mapping[str, Any]], tokens: Tokens, read: list[str]
+                      ) -> tuple[Tokens, int | None]:
+    """(the positions to cost, the run's mean positions) when the token inputs' length changed from forward to
+    forward: a collator that pads each batch to its longest sample (Hugging Face's DataCollatorWithPadding, the
+    Trainer's default with a tokenizer). A batch of several samples pads toward the longest, and memory must hold
+    the longest batch, so every configuration is costed at the longest length seen; the profiling run itself (a
+    micro-batch of one sample per forward here) ran at the mean. The first forward's offset between the ids and
+    the blocks' positions (a script that shifts its ids) is kept. Unchanged (mean None) where the length held."""
+    lengths = [int(n) for d in ranks for n in d.get("input_lengths") or []]
+    first = _token_input((ranks[0] if ranks else {}).get("inputs"))
+    if len(set(lengths)) < 2 or first is None:
+        return tokens, None
+    offset = first[1] - tokens[1]
+    longest, mean = max(lengths) - offset, round(sum(lengths) / len(lengths)) - offset
+    read.append(f"the inputs' length changed from forward to forward ({min(lengths)}-{max(lengths)} tokens over "
+                f"{len(lengths)} forwards, mean {mean + offset}: a collator that pads each batch to its longest "
+                f"sample): every configuration is costed at the longest seen, {longest} positions; --seq_len sets "
+                f"another")
+    return (tokens[0], longest), mean
+
+
 def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: Tokens, decoder: Tokens, read: list[str]) -> Tokens:
     """(micro-batch, positions) of an encoder-decoder (T5, BART) described as one stack of both (the catalog's
     zerotune.predictor.catalog._hf_layers): the encoder runs over the input ids' length, the decoder over its own
@@ -338,6 +364,9 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     rank0 = next((d for d in ranks if d.get("rank") == 0), {})
     read, assumed = list(model_doc.get("read", [])), list(model_doc.get("assumed", []))
     tokens, saved_at = _positions(model_doc, rank0, read)
+    measured_len = None
+    if tokens is not None:
+        tokens, measured_len = _padded_per_batch([rank0, *(d for d in ranks if d is not rank0)], tokens, read)
     spec, tokens, stand_in = _described(model_doc, rank0, name, tokens, read, assumed)
     training = model_doc.get("training")
     if stand_in and isinstance(training, dict):  # the stand-in is all blocks: what is frozen is frozen in them
@@ -362,7 +391,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
-                       else None)
+                       else None, bool(model_doc.get("moe")), measured_len)
 
 
 def _matmul(doc: Any) -> MatmulPace | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from zerotune.calibrate.launch import RunResult, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
@@ -21,7 +21,7 @@ from zerotune.validate.results import write_text_atomic
 from zerotune.validate.runs import launch_spec, window_step_s
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of
 
-__all__ = ["ProfileOutcome", "profile_model", "as_the_script_runs", "with_script_optimizer"]
+__all__ = ["ProfileOutcome", "profile_model", "as_the_script_runs", "with_script_optimizer", "moe_space"]
 
 
 def as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
@@ -67,6 +67,8 @@ class ProfileOutcome:
     """Whether the script recomputed its blocks in backward (TuneSettings.script_checkpointing)."""
     precision: Precision | None = None
     """The precision of the engine's weights (TuneSettings.script_precision)."""
+    native_moe: bool = False
+    """Whether the model has DeepSpeed's own MoE layers (TuneSettings.script_moe)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -137,9 +139,25 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     path = Path(at.results_dir) / "model_profiled.yaml"
     write_text_atomic(path, model_yaml(profiled, f"read by zerotune tune's profiling run of "
                                                 f"{settings.command.script} ({run_dir})"))
-    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), seq_len)
+    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), profiled.measured_seq_len or seq_len)
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
-                          profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision)
+                          profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe)
+
+
+def moe_space(settings: TuneSettings, space: SearchSpace, log: Callable[[str], None]) -> SearchSpace:
+    """The space without ZeRO-3 for a model with DeepSpeed's own MoE layers: its engine refuses them at start-up
+    (runtime/engine.py:2197-2216 _validate_zero3_moe_compatibility, 'Native DeepSpeed MoE is not supported with ZeRO
+    Stage 3'), so such an experiment could only fail. ValueError (one line) when stage 3 is all the ds_config lists."""
+    if not settings.script_moe:
+        return space
+    kept = tuple(v for v in space.variants if v.zero.stage != 3)
+    if not kept:
+        raise ValueError("ds_config zero_optimization.stage: the script's model has DeepSpeed MoE layers "
+                         "(deepspeed.moe.layer.MoE), which ZeRO stage 3 refuses; list stage 0, 1 or 2")
+    if len(kept) < len(space.variants):
+        log("zerotune tune: ZeRO stage 3 left out: the script's model has DeepSpeed MoE layers, which its engine "
+            "refuses at stage 3 (runtime/engine.py _validate_zero3_moe_compatibility)")
+    return replace(space, variants=kept)

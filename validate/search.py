@@ -75,8 +75,8 @@ from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
-           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "BAND_Z", "MEMORY_Z",
-           "NOISE_STD", "STAGE_ERROR"]
+           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
+           "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
 
 FamilyKey = tuple[int, str, str, bool, int, int]
 """(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""
@@ -514,10 +514,18 @@ def prediction_of(choice: Choice, metric: Metric, memory_bytes: float) -> Predic
     return Prediction(choice.step_s, value, ends[0], ends[1], memory_bytes)
 
 
+def measured_job(job: Job, measurement: Measurement) -> Job:
+    """The job as the measurement ran it: its own sequence length where that differs (a profiling run of a script
+    that pads each batch to its longest sample ran at the mean length; the job is costed at the longest)."""
+    if measurement.seq_len == job.seq_len:
+        return job
+    return replace(job, seq_len=measurement.seq_len)
+
+
 def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
     """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
     from zerotune.predictor import estimate
-    est = estimate(job, measurement.config, efficiency)
+    est = estimate(measured_job(job, measurement), measurement.config, efficiency)
     memory = est.memory
     ratio = max(memory.total_bytes / memory.capacity_bytes,
                 memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))

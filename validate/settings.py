@@ -70,6 +70,9 @@ class TuneSettings:
     script_precision: Precision | None = None
     """The precision the profiling run's engine held its weights in (ProfiledRun.dtype); it stands for a precision
     section the Hugging Face Trainer fills ("enabled": "auto", set by its --fp16 / --bf16). None: no profiling run."""
+    script_moe: bool = False
+    """Whether the profiling run saw DeepSpeed's own MoE layers (ProfiledRun.native_moe): ZeRO-3 is then left out of
+    the space (zerotune.validate.profiling_run.moe_space)."""
     device_matmul: MatmulPace | None = None
     """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
     against the calibration profile's microbenchmark of the same shape (zerotune.validate.calibration.paced)."""

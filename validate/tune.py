@@ -45,15 +45,17 @@ from zerotune.predictor.rank import Metric, Uncertainty, _band, evaluate_space, 
 from zerotune.predictor.space import SearchSpace, explorable_on, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate.calibration import Calibration, calibration_for, paced
-from zerotune.validate.experiments import batch_as_given, check_arg_mappings, flag_value, optimal_ds_config, rewrite_args
+from zerotune.validate.experiments import (batch_as_given, check_arg_mappings, flag_value, optimal_ds_config,
+                                           rewrite_args)
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
-from zerotune.validate.profiling_run import as_the_script_runs, profile_model, with_script_optimizer
+from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model,
+                                             with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
 from zerotune.validate.runs import launch_spec, measurement_of, run_experiment
 from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, candidate_table, fit_probability,
-                                      memory_bounds, observation_of, prediction_of, run_search)
+                                      measured_job, memory_bounds, observation_of, prediction_of, run_search)
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of, settings_from_args
 
 __all__ = ["TuneOutcome", "tune", "run_tune", "EXPERIMENT_STARTUP_S"]
@@ -90,7 +92,7 @@ def _first_predictions(job: Job, model: Calibration, measured: Sequence[Measurem
     for m in measured:
         if m.status != "ok" or not m.measured_step_s:
             continue
-        step_s = estimate(job, m.config, model.efficiency).time.step_s
+        step_s = estimate(measured_job(job, m), m.config, model.efficiency).time.step_s
         low, high = _band(m.samples_per_step / step_s, "throughput", model.uncertainty.step_time_rel)
         lines.append(f"zerotune tune: profiling run {experiment_name(m.config)}: measured "
                      f"{m.samples_per_step / m.measured_step_s:.4g} samples/s, predicted {m.samples_per_step / step_s:.4g}"
@@ -214,7 +216,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
                       "section (only deepspeed.checkpointing.configure reads it) and the profiling run saw the script "
                       "recompute nothing; configurations are costed without checkpointing")
     variants = {repr(v): v for v in (as_the_script_runs(v, settings) for v in space.variants)}
-    space = replace(space, variants=tuple(variants.values()))
+    space = moe_space(settings, replace(space, variants=tuple(variants.values())), log)
     model = paced(calibration_for(settings, log), settings, log)
     if initial:
         for line in _first_predictions(job, model, initial, at.metric):
@@ -257,7 +259,7 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
                                optimizer_impl=profiled.optimizer_impl, device_matmul=profiled.device_matmul,
                                device_copy_bytes_per_s=profiled.device_copy_bytes_per_s,
                                script_checkpointing=profiled.activation_checkpointing,
-                               script_precision=profiled.precision)
+                               script_precision=profiled.precision, script_moe=profiled.native_moe)
             initial = (profiled.measurement,) if profiled.measurement else ()
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:

@@ -34,6 +34,7 @@ _HERE = Path(__file__).resolve().parent
 _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
+MAX_LENGTHS = 256  # token inputs' lengths recorded per rank (each forward's; a profiling run makes a few)
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -90,8 +91,14 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
     def pre_forward(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         state["forward_calls"] += 1
         state["step_start"] = state["step_start"] or time.perf_counter()
+        shapes = _shapes(args, kwargs)
         if state["inputs"] is None:
-            state["inputs"] = _shapes(args, kwargs)
+            state["inputs"] = shapes
+        if len(state["input_lengths"]) < MAX_LENGTHS:  # a collator that pads each batch to its longest sample
+            ids = next((s["shape"] for s in shapes if len(s["shape"]) == 2 and s["dtype"].startswith(("int", "uint"))),
+                       None)
+            if ids is not None:
+                state["input_lengths"].append(int(ids[1]))
     engine.module.register_forward_pre_hook(pre_forward, with_kwargs=True)
     if blocks is not None:
         def count(_module: Any, args: tuple[Any, ...]) -> None:
@@ -316,7 +323,7 @@ def _copy_rate() -> dict[str, Any]:
 
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
-    state: dict[str, Any] = {"rank": rank, "inputs": None, "block_input": None, "forward_calls": 0, "block_calls": 0, "inner_calls": 0,
+    state: dict[str, Any] = {"rank": rank, "inputs": None, "input_lengths": [], "block_input": None, "forward_calls": 0, "block_calls": 0, "inner_calls": 0,
                              "sdpa_calls": 0, "sdpa_shapes": None, "attention_matmul": None,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
                              "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
