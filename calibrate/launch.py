@@ -45,6 +45,10 @@ OOM_PATTERNS = re.compile(
 _NOISE = re.compile(r"^\s*$|\[launch\.py:|\[runner\.py:|sigkill_handler|^\s*[\^~]+\s*$|^Traceback|"
                     r"^\s*File \"|\[(INFO|WARNING|DEBUG)\]")
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt|Exit)\b.*:|^[\w.]*Error$")
+_SECONDARY = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crashing|Broken pipe|"
+                        r"NCCL communicator was aborted|ProcessGroupNCCL.*(abort|[Ww]atchdog)")
+"""Errors a rank raises because another rank crashed (gloo's 'Connection closed by peer ... caused by a remote worker
+crashing', NCCL's aborted communicator): the other rank's error is the reason."""
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _TIMER_LINE = re.compile(r"time \(ms\) \| fwd: ([0-9.]+) \| bwd: ([0-9.]+) \|.*?\| step: ([0-9.]+)")
 """The engine's global timers, printed by rank 0 at every optimizer step when wall_clock_breakdown is on
@@ -227,13 +231,16 @@ def _tail(path: Path, num_bytes: int = 200_000) -> str:
 
 
 def failure_reason(text: str) -> str:
-    """The last line that says what went wrong: the last exception line, else the last non-noise line."""
+    """The last line that says what went wrong: the last exception line that is not a rank's echo of another's crash
+    (_SECONDARY), else the last exception line, else the last non-noise line."""
     lines = [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
     meaningful = [line for line in lines if not _NOISE.search(line)]
-    for line in reversed(meaningful):
-        if _EXCEPTION_LINE.search(line):
-            return line[:500]
-    return meaningful[-1][:500] if meaningful else ""
+    exceptions = [line for line in meaningful if _EXCEPTION_LINE.search(line)]
+    primary = [line for line in exceptions if not _SECONDARY.search(line)]
+    for found in (primary, exceptions, meaningful):
+        if found:
+            return found[-1][:500]
+    return ""
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any] | None, str]:

@@ -52,6 +52,17 @@ def test_failure_reason_is_the_exception_line_not_launcher_noise() -> None:
     assert failure_reason(stderr) == "RuntimeError: Expected all tensors to be on the same device"
 
 
+def test_failure_reason_is_the_crashed_ranks_error_not_the_peers_echo() -> None:
+    # a pipeline-parallel script under wall_clock_breakdown (2026-11-26): rank 0 failed, rank 1 then lost its gloo
+    # peer and printed last; the recorded reason was rank 1's
+    stderr = ("[rank0]: AssertionError: bwd_microstep timer has already been started\n"
+              "[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+              "[127.0.0.1]:27299. This is typically caused by a remote worker crashing.\n")
+    assert failure_reason(stderr) == "AssertionError: bwd_microstep timer has already been started"
+    only_echo = stderr.splitlines()[1] + "\n"
+    assert failure_reason(only_echo).startswith("RuntimeError: [../third_party/gloo")  # nothing better to say
+
+
 def test_sigkill_is_oom_with_or_without_a_memory_cap(tmp_path: Path) -> None:
     # Without a cap the kernel's OOM killer is what SIGKILLs a rank (seen: a Trainer script at micro-batch 399 on
     # this 24 GiB machine, dmesg "Out of memory: Killed process"); as a failure, tune ran the same size again.

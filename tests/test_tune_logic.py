@@ -387,8 +387,20 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
     assert (model.num_layers, model.hidden_size, model.num_params) == (12, 768, 124_439_808)  # GPT-2 small
     assert profiled.seq_len == 512 and profiled.measurement is not None
     assert (profiled.measurement.step_s, profiled.measurement.peak_memory_bytes) == (pytest.approx(0.8), 2e9)
-    with pytest.raises(ValueError, match="could not read the model.*give --model"):
+    # a script that failed before its engine started: --model would not help, the experiments would fail alike
+    with pytest.raises(ValueError, match="failed before its DeepSpeed engine started .*ValueError: boom.* deepspeed "
+                                         "with this ds_config first"):
         profile_model(settings, lambda spec: RunResult("failed", "ValueError: boom", 1, 1.0, spec.run_dir, None))
+    # a run that ended cleanly without ever building an engine zerotune could read: the model must be given
+    with pytest.raises(ValueError, match="could not read the model.*give --model"):
+        profile_model(settings, lambda spec: RunResult("ok", "", 0, 1.0, spec.run_dir, None))
+
+    def pipeline(spec: LaunchSpec) -> RunResult:  # the site saw a PipelineModule handed to deepspeed.initialize
+        prefix = spec.env["ZEROTUNE_PROFILE_OUT"]
+        Path(f"{prefix}.pipeline.json").write_text(json.dumps({"num_stages": 2}))
+        return RunResult("failed", "AssertionError: Check batch related parameters.", 1, 1.0, spec.run_dir, None)
+    with pytest.raises(ValueError, match="pipeline-parallel model .*PipelineModule, 2 stages.*zerotune predict"):
+        profile_model(settings, pipeline)
 
 
 def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:

@@ -4,6 +4,7 @@ its own checkpointing, the precision its engine held)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -106,6 +107,22 @@ def _check_followed(settings: TuneSettings, profiled: ProfiledRun, micro_batch: 
                      f"also requires")
 
 
+def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> None:
+    """ValueError (one line) when the script handed deepspeed.initialize a PipelineModule (the site records it
+    before the engine starts): DeepSpeed's pipeline engine trains through train_batch(), where the engine's
+    wall_clock_breakdown timers, which every experiment's step timing reads, fail ('bwd_microstep timer has already
+    been started', DeepSpeed 0.19.8), and its stages divide the ranks the space counts as data-parallel. DeepSpeed's
+    autotuner has no pipeline support either."""
+    marker = Path(f"{prefix}.pipeline.json")
+    if not marker.is_file():
+        return
+    stages = json.loads(marker.read_text()).get("num_stages") or "its"
+    raise ValueError(f"the script {settings.command.script} trains a pipeline-parallel model (deepspeed.pipe."
+                     f"PipelineModule, {stages} stages; see {run_dir}): zerotune tune does not run DeepSpeed's pipeline "
+                     f"engine, as DeepSpeed's autotuner does not; rank its layouts with zerotune predict (ds_config "
+                     f"pipeline.stages) instead")
+
+
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
     """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
     experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
@@ -122,10 +139,15 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     spec = launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc))
     run = launcher(replace(spec, env=profiling_env(spec.env, prefix)))
     name = f"profiled-{settings.command.script.stem}"
+    _refuse_pipeline(settings, prefix, run_dir)
     try:
         profiled = read_profiled(prefix, name, world)
     except ValueError as exc:
-        why = f"{run.status}{': ' + run.reason if run.reason else ''}"
+        why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
+        if run.status != "ok" and not Path(f"{prefix}.model.json").is_file():  # --model would not help: it never ran
+            raise ValueError(f"the profiling run of {settings.command.script} failed before its DeepSpeed engine "
+                             f"started ({why}; see {run_dir}): the experiments would fail the same way; make the "
+                             f"script train under deepspeed with this ds_config first") from None
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
     _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)

@@ -361,6 +361,9 @@ def _patch(deepspeed: Any) -> None:
 
     @functools.wraps(initialize)
     def profiled(*args: Any, **kwargs: Any) -> Any:
+        model = kwargs.get("model", args[1] if len(args) > 1 else None)
+        if type(model).__name__ == "PipelineModule":  # deepspeed.initialize(args=None, model=None, ...)
+            _write(f"{_OUT}.pipeline.json", {"num_stages": int(getattr(model, "num_stages", 0) or 0)})
         result = initialize(*args, **kwargs)
         try:
             _attach(result[0])
