@@ -364,11 +364,11 @@ def describe(model: nn.Module) -> dict[str, Any]:
     if moe is not None:
         out["moe"] = moe
         notes["read"].append(f"DeepSpeed MoE in {moe['layers']} blocks: {moe['num_experts']} experts ("
-                             f"{moe['local_experts']} per rank, ep_size {moe['ep_size']}), top-{moe['top_k']} gate: each "
-                             "token runs its experts' MLP, read from one expert; ZeRO-3 refuses native MoE")
-        notes["assumed"].append("MoE: the gate, the token dispatch and combine, the expert-parallel all-to-alls and "
-                                "the other local experts' parameters are not costed (time and memory are those of a "
-                                f"dense model with one expert's MLP{' run top-k times' if moe['top_k'] > 1 else ''})")
+                             f"{moe['local_experts']} per rank, ep_size {moe['ep_size']}), top-{moe['top_k']} gate: the "
+                             "rank's experts are held, a token runs top-k of them (MLP read from one expert); ZeRO-3 "
+                             "refuses native MoE")
+        notes["assumed"].append("MoE: the gate's dispatch and combine and the expert-parallel all-to-alls are not "
+                                "costed, and the local experts' gradients are reduced as if data-parallel")
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     out.update(read=notes["read"], assumed=notes["assumed"], assumed_fields=notes.get("assumed_fields", []),
                num_params=_params(model), dtype=",".join(dtypes),

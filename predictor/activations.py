@@ -22,7 +22,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
                            tp: int = 1) -> float:
     """Bytes one transformer block keeps for backward (no recomputation), times the model's measured
     activation_scale (1 unless a profiling run measured the user's block)."""
-    h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.num_heads
+    h, f, kv, a = model.hidden_size, model.mlp_width, model.kv_dim, model.num_heads
     d, s = act_bytes, seq_len
     mask = MASK_BYTES if model.dropout else 0
     # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.

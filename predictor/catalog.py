@@ -105,14 +105,14 @@ MODEL_LIMITS: dict[str, int] = {
     "vocab_size": 2**24, "max_position_embeddings": 2**30, "type_vocab_size": 2**16,
     "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
     "attention_head_dim": 2**16, "frozen_layer_params": 10**15, "frozen_outer_params": 10**15,
-    "adapter_params": 10**15, "num_adapter_tensors": 2**24,
+    "adapter_params": 10**15, "num_adapter_tensors": 2**24, "num_experts": 2**12, "experts_per_token": 2**12,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
 arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
 _MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
                    "published_num_params", "attention_head_dim", "frozen_layer_params", "frozen_outer_params",
-                   "adapter_params", "num_adapter_tensors"}
+                   "adapter_params", "num_adapter_tensors", "num_experts"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -218,9 +218,22 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         source=source,
     )
     try:
-        return ModelSpec(**{**common, **_hf_family(model_type, cfg)})
+        return ModelSpec(**{**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, get, path)})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _hf_experts(cfg: dict[str, Any], get: _NamedIntegers, path: Path | str) -> dict[str, Any]:
+    """A sparse MoE's experts (Mixtral's num_local_experts, Qwen-MoE's and OLMoE's num_experts; each of
+    intermediate_size, or moe_intermediate_size where the config has one) and the experts a token is routed to
+    (num_experts_per_tok); nothing for a dense MLP. A shared expert (Qwen2-MoE) is not modelled."""
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if not experts:
+        return {}
+    out = _model_integers(path, {"num_experts": experts, "experts_per_token": cfg.get("num_experts_per_tok") or 1})
+    if cfg.get("moe_intermediate_size"):
+        out["ffn_hidden_size"] = _model_integers(path, {"ffn_hidden_size": cfg["moe_intermediate_size"]})["ffn_hidden_size"]
+    return out
 
 
 def _stated_head_dim(cfg: dict[str, Any], hidden: int, heads: int, path: Path | str) -> int:
@@ -267,7 +280,8 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_LLAMA_LINEAGE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+_LLAMA_LINEAGE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                  "gemma3_text")
 """Rotary, RMSNorm, gated-MLP families; Gemma's gate runs under a GELU (hidden_activation gelu_pytorch_tanh,
 transformers models/gemma2/modeling_gemma2.py Gemma2MLP: gate_proj, up_proj, down_proj), so its config's
 activation does not say it is gated."""
@@ -289,7 +303,7 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return _hf_traits(cfg)
     if model_type in _LLAMA_LINEAGE:
         return dict(position_embedding="rotary", gated_mlp=True, norm="rmsnorm",
-                    qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+                    qkv_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
                     out_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
                     dropout=False, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
     if model_type == "gpt_neo":

@@ -18,7 +18,7 @@ BACKWARD_PER_FORWARD = 2.0
 
 
 def layer_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    h, f, kv, q = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.q_dim
+    h, f, kv, q = model.hidden_size, model.mlp_width, model.kv_dim, model.q_dim
     tokens = micro_batch * seq_len
     qkv = 2 * tokens * h * (q + 2 * kv)
     attention = 4 * tokens * seq_len * q

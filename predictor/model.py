@@ -103,6 +103,12 @@ class ModelSpec:
     in num_params."""
     num_adapter_tensors: int = 0
     """Parameter tensors of the adapters: each passes through DeepSpeed's gradient hooks like any other."""
+    num_experts: int = 0
+    """MoE: expert MLPs per block, each ffn_hidden_size wide (Mixtral's num_local_experts, DeepSpeed MoE's local
+    experts); 0: one dense MLP. Every expert's parameters are held, reduced and updated; a token runs only
+    experts_per_token of them (mlp_width)."""
+    experts_per_token: int = 1
+    """MoE: the experts each token is routed to (top-k: Mixtral's num_experts_per_tok 2, DeepSpeed MoE's k)."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -116,6 +122,10 @@ class ModelSpec:
                              f"with head: none or pooler for inputs that are not tokens, got {self.vocab_size}")
         if not self.activation_scale > 0:
             raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
+        if self.num_experts < 0 or not 1 <= self.experts_per_token <= max(self.num_experts, 1):
+            raise ValueError(f"model {self.name!r}: num_experts {self.num_experts} and experts_per_token "
+                             f"{self.experts_per_token}: give 0 experts (a dense MLP) or at least as many as a token "
+                             f"is routed to")
         for field in ("frozen_layer_params", "frozen_outer_params", "adapter_params", "num_adapter_tensors"):
             if getattr(self, field) < 0:
                 raise ValueError(f"model {self.name!r}: {field} must be 0 or positive, got {getattr(self, field)}")
@@ -170,11 +180,21 @@ class ModelSpec:
         t += self._linear(f"{p}.attn.v", h, kv, self.qkv_bias, layer)
         t += self._linear(f"{p}.attn.out", q, h, self.out_bias, layer)
         t += self._norm(f"{p}.norm2", layer)
-        if self.gated_mlp:
-            t += self._linear(f"{p}.mlp.gate", h, f, self.mlp_bias, layer)
-        t += self._linear(f"{p}.mlp.up", h, f, self.mlp_bias, layer)
-        t += self._linear(f"{p}.mlp.down", f, h, self.mlp_bias, layer)
+        experts = [f"{p}.mlp"] if not self.num_experts else [f"{p}.mlp.experts.{e}" for e in range(self.num_experts)]
+        if self.num_experts:  # the router: h -> one score per expert
+            t.append(Tensor(f"{p}.mlp.router.weight", h * self.num_experts, layer))
+        for mlp in experts:
+            if self.gated_mlp:
+                t += self._linear(f"{mlp}.gate", h, f, self.mlp_bias, layer)
+            t += self._linear(f"{mlp}.up", h, f, self.mlp_bias, layer)
+            t += self._linear(f"{mlp}.down", f, h, self.mlp_bias, layer)
         return t
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP width a token's GEMMs and activations run over: the dense MLP's, or its top-k experts' together
+        (each token's k expert MLPs cost k times one expert's FLOPs and saved activations)."""
+        return self.ffn_hidden_size * (self.experts_per_token if self.num_experts else 1)
 
     def embedding_tensors(self) -> list[Tensor]:
         h = self.hidden_size

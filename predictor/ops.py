@@ -166,7 +166,7 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
                       ) -> tuple[Batch, Batch, int, int]:
     """(forward s, backward s, forward kernels, backward kernels) of a block's memory-bound ops."""
     tokens = b * s
-    hidden, inner = tokens * model.hidden_size, tokens * model.ffn_hidden_size / tp
+    hidden, inner = tokens * model.hidden_size, tokens * model.mlp_width / tp
     drop = 1 if model.dropout else 0
     # two norms: read x, write y (backward reads x and dy, writes dx, and reduces dgamma / dbeta)
     fwd, bwd = 2 * _elementwise(hidden, 1, 1, 0, rates), 2 * _elementwise(hidden, 3, 1, 0, rates)
@@ -231,7 +231,7 @@ def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: 
 
 def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:
     """One transformer block on one tensor-parallel rank."""
-    h, f, kv, q = model.hidden_size, model.ffn_hidden_size, model.kv_dim, model.q_dim
+    h, f, kv, q = model.hidden_size, model.mlp_width, model.kv_dim, model.q_dim
     tokens = b * s
     ups, wg = 2 if model.gated_mlp else 1, model.layer_weight_grad_share
     parts = [_linear(tokens, h, (q + 2 * kv) / tp, rates, wg), _linear(tokens, q / tp, h, rates, wg),

@@ -360,3 +360,23 @@ def test_a_model_without_tokens_has_no_vocabulary_head() -> None:
     assert spec.num_params == 2 * (4 * 64 * 64 + 4 * 64 + 2 * 64 * 256 + 256 + 64 + 4 * 64) + 2 * 64
     with pytest.raises(ValueError, match="vocab_size must be positive for a vocabulary head"):
         ModelSpec("v", 2, 64, 4, 4, 256, 0, 16, head="lm")
+
+
+def test_hf_config_of_a_sparse_moe_holds_every_expert_and_runs_top_k(tmp_path: Path) -> None:
+    """Mixtral (transformers models/mixtral/modeling_mixtral.py: a router h -> experts and num_local_experts gated
+    MLPs w1, w3: h -> f, w2: f -> h per block, a token routed to num_experts_per_tok of them). Read as one dense
+    MLP, a 15.4M-parameter Mixtral came out at 4.4M (the 2026-11-26 Trainer probe); every expert is held, reduced
+    and updated, and a token's FLOPs are its top-2 experts', not eight."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(vocab_size=4000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                                        num_attention_heads=8, num_key_value_heads=4, num_local_experts=8,
+                                        num_experts_per_tok=2, max_position_embeddings=512)
+    spec = load_model(str(_write_config(tmp_path, "mixtral", config.to_dict())))
+    assert (spec.num_experts, spec.experts_per_token, spec.ffn_hidden_size, spec.mlp_width) == (8, 2, 512, 1024)
+    assert (spec.norm, spec.gated_mlp, spec.qkv_bias, spec.position_embedding) == ("rmsnorm", True, False, "rotary")
+    real = transformers.MixtralForCausalLM(config)
+    assert spec.num_params == pytest.approx(sum(p.numel() for p in real.parameters()), rel=1e-3)
+    dense = load_model(str(_write_config(tmp_path, "dense", {**config.to_dict(), "num_local_experts": 0})))
+    from zerotune.predictor.flops import layer_forward_flops
+    # top-2 of 8: twice one expert's MLP FLOPs, a dense model's with a 2 x 512 MLP
+    assert layer_forward_flops(spec, 1, 128) == layer_forward_flops(dense.replace(ffn_hidden_size=1024), 1, 128)

@@ -123,13 +123,14 @@ def test_deepspeed_moe_experts_are_one_mlp_not_a_gated_one_and_refuse_zero3(tmp_
     doc = describe(Model())
     assert (doc["structure"]["ffn_hidden_size"], doc["structure"]["gated_mlp"]) == (256, False)
     assert doc["moe"] == {"layers": 3, "num_experts": 4, "ep_size": 2, "local_experts": 2, "top_k": 1}
-    assert any("all-to-alls" in line for line in doc["assumed"])
+    assert any("all-to-alls" in line for line in doc["assumed"])  # the rank's 2 experts are held, 1 runs
     prefix = tmp_path / "profiled"
     Path(f"{prefix}.model.json").write_text(json.dumps(doc, default=str))
     state = {"rank": 0, "inputs": [{"name": "", "shape": [1, 96], "dtype": "int64"}], "forward_calls": 3,
              "block_calls": 3, "step_s": [2.0, 1.0, 1.2]}
     Path(f"{prefix}.rank0.json").write_text(json.dumps(state))
-    assert read_profiled(prefix, "moe", 1).native_moe
+    run = read_profiled(prefix, "moe", 1)
+    assert run.native_moe and (run.model.num_experts, run.model.experts_per_token, run.model.mlp_width) == (2, 1, 256)
     said: list[str] = []
     space = space_from_ds_config({"zero_optimization": {"stage": [0, 1, 2, 3]}}, world_size=2)
     kept = moe_space(SimpleNamespace(script_moe=True), space, said.append)  # type: ignore[arg-type]

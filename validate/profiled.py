@@ -164,6 +164,10 @@ def _spec(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, seq
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) without a vocabulary: the "
                        "structure is read from the modules")
     doc = _observed_heads(dict(structure), model_doc.get("assumed_fields") or [], rank0, read, assumed)
+    moe = model_doc.get("moe") or {}
+    if moe:  # DeepSpeed MoE: the rank holds its local experts; a token runs top-k of them (inspect_model.moe_layers)
+        doc.update(num_experts=int(moe["local_experts"]), experts_per_token=min(int(moe["top_k"]),
+                                                                                  int(moe["local_experts"])))
     if "max_position_embeddings" not in doc:
         doc["max_position_embeddings"] = seq_len or 2048
         assumed.append(f"max_position_embeddings {doc['max_position_embeddings']} (the input's length)")
