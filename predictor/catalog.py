@@ -277,7 +277,16 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
         out["embedding_norm"] = True  # transformers models/bloom/modeling_bloom.py word_embeddings_layernorm
     if cfg.get("hidden_act") in ("silu", "swiglu") or str(cfg.get("feed_forward_proj", "")).startswith("gated"):
         out["gated_mlp"] = True
+    rates = [cfg[k] for k in _DROPOUT_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)]
+    if rates:  # dropout kernels and masks only where a rate is above 0 (GPT-NeoX, Mixtral and Llama say 0.0)
+        out["dropout"] = any(r > 0 for r in rates)
     return out
+
+
+_DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "hidden_dropout", "attention_dropout",
+                 "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout", "dropout_rate", "dropout_prob")
+"""Dropout rates as Hugging Face configs name them (BERT's *_prob, GPT-2's *_pdrop, GPT-NeoX's and Llama's
+attention_dropout / hidden_dropout, T5's dropout_rate, DistilBERT's dropout)."""
 
 
 _LLAMA_LINEAGE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",

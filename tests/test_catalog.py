@@ -380,3 +380,16 @@ def test_hf_config_of_a_sparse_moe_holds_every_expert_and_runs_top_k(tmp_path: P
     from zerotune.predictor.flops import layer_forward_flops
     # top-2 of 8: twice one expert's MLP FLOPs, a dense model's with a 2 x 512 MLP
     assert layer_forward_flops(spec, 1, 128) == layer_forward_flops(dense.replace(ffn_hidden_size=1024), 1, 128)
+
+
+def test_hf_config_dropout_rates_of_zero_mean_no_dropout(tmp_path: Path) -> None:
+    # GPT-NeoX (transformers GPTNeoXConfig: attention_dropout 0.0, hidden_dropout 0.0) was costed with dropout
+    # kernels and masks; BERT's 0.1 rates keep them
+    neox = {"model_type": "gpt_neox", "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6,
+            "intermediate_size": 1536, "vocab_size": 5000, "max_position_embeddings": 256, "rotary_pct": 0.25,
+            "attention_dropout": 0.0, "hidden_dropout": 0.0}
+    bert = {"model_type": "bert", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 1024, "vocab_size": 3000, "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1}
+    assert not load_model(str(_write_config(tmp_path, "neox", neox))).dropout
+    assert load_model(str(_write_config(tmp_path, "bert", bert))).dropout

@@ -141,6 +141,22 @@ def test_deepspeed_moe_experts_are_one_mlp_not_a_gated_one_and_refuse_zero3(tmp_
         moe_space(SimpleNamespace(script_moe=True), only3, said.append)  # type: ignore[arg-type]
 
 
+def test_a_cpu_peak_set_by_rank_0s_speed_checks_is_not_the_trainings(tmp_path: Path) -> None:
+    """getrusage's peak cannot be reset: where rank 0's steps never went above what its matmul and copy checks
+    reached, its peak is the checks', and the other rank's is the training's."""
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}]
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs, peak_memory_bytes=8.26e8,
+                   checks_peak_memory_bytes=8.26e8)
+    rank1 = json.loads(Path(f"{prefix}.rank1.json").read_text())
+    Path(f"{prefix}.rank1.json").write_text(json.dumps({**rank1, "peak_memory_bytes": 7.77e8,
+                                                         "checks_peak_memory_bytes": None}))
+    assert read_profiled(prefix, "enc", 2).peak_memory_bytes == 7.77e8
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs, peak_memory_bytes=9.5e8,
+                   checks_peak_memory_bytes=8.26e8)  # rank 0's steps went above: the larger rank's, as before
+    assert read_profiled(prefix, "enc", 2).peak_memory_bytes == 1.5e9
+
+
 def test_checkpointing_and_fused_attention_are_read_from_the_first_step(tmp_path: Path) -> None:
     prefix = tmp_path / "profiled"
     inputs = [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}]

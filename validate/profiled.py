@@ -388,7 +388,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     elif not stand_in:
         spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
                                                                      str(model_doc.get("dtype", "")), read), 4))
-    peaks = [float(d["peak_memory_bytes"]) for d in ranks if d.get("peak_memory_bytes")]
+    peaks = _training_peaks(ranks)
     impl = _optimizer_impl(rank0.get("optimizer"), read, assumed)
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
                        int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
@@ -396,6 +396,17 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len)
+
+
+def _training_peaks(ranks: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Each rank's peak memory over its steps; on the CPU a rank whose peak is the one its own speed checks reached
+    before the first step (rank 0's matmul and copy, checks_peak_memory_bytes) says nothing about training, and is
+    left out where another rank says more (three different models' rank 0 peaked at 824-826 MB, their rank 1 at
+    777-813)."""
+    peaks = [(float(d["peak_memory_bytes"]), float(d.get("checks_peak_memory_bytes") or 0.0)) for d in ranks
+             if d.get("peak_memory_bytes")]
+    trained = [peak for peak, checks in peaks if peak > checks]
+    return trained or [peak for peak, _ in peaks]
 
 
 def _matmul(doc: Any) -> MatmulPace | None:

@@ -75,7 +75,7 @@ from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
-           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
+           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job", "already_measured",
            "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
 
 FamilyKey = tuple[int, str, str, bool, int, int]
@@ -505,6 +505,23 @@ def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric
     cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
                        ratio.ravel(), metric_gain(metric, samples, flops))
     return SearchTable(table, cands, flops)
+
+
+def already_measured(table: SearchTable, measurements: Sequence[Measurement]) -> np.ndarray:
+    """Per candidate: whether a given measurement ran its family at its micro-batch and accumulation (the profiling
+    run: the user's ds_config at the smallest micro-batch; its buckets may differ from the candidate's, which the
+    model does not tell apart at that size). Rerunning it would only measure it again: a script with checkpointing
+    on the CPU had its first experiment spent on the profiling run's configuration, the cheapest to run."""
+    cands = table.candidates
+    accumulation = np.tile(table.table.grad_accum, len(table.table.variants))
+    done = np.zeros(len(cands), dtype=bool)
+    for m in measurements:
+        family = family_of(m.config)
+        if m.status in MEASURED and family in cands.families:
+            done |= ((cands.family == cands.families.index(family))
+                     & (cands.micro_batch == m.config.train_micro_batch_size_per_gpu)
+                     & (accumulation == m.config.gradient_accumulation_steps))
+    return done
 
 
 def prediction_of(choice: Choice, metric: Metric, memory_bytes: float) -> Prediction:

@@ -45,8 +45,8 @@ from zerotune.predictor.rank import Metric, Uncertainty, _band, evaluate_space, 
 from zerotune.predictor.space import SearchSpace, explorable_on, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate.calibration import Calibration, calibration_for, paced
-from zerotune.validate.experiments import (batch_as_given, check_arg_mappings, flag_value, optimal_ds_config,
-                                           rewrite_args)
+from zerotune.validate.experiments import (TRAINER_FLAGS, batch_as_given, check_arg_mappings, flag_value,
+                                           optimal_ds_config, rewrite_args)
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model,
@@ -54,8 +54,9 @@ from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, prof
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
 from zerotune.validate.runs import launch_spec, measurement_of, run_experiment
-from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, candidate_table, fit_probability,
-                                      measured_job, memory_bounds, observation_of, prediction_of, run_search)
+from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, already_measured, candidate_table,
+                                      fit_probability, measured_job, memory_bounds, observation_of, prediction_of,
+                                      run_search)
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of, settings_from_args
 
 __all__ = ["TuneOutcome", "tune", "run_tune", "EXPERIMENT_STARTUP_S"]
@@ -130,7 +131,8 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
                            choice.index)
 
     initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
-    _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs)
+    _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs,
+                           already_measured(table, initial))
     if reason is not None:
         best = best_result(results, metric)
         return reason + (f" ({best.name}: {metric} {best.metric_value:.4g})" if best is not None else "")
@@ -279,9 +281,10 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     changed = _changed_flags(settings.command.args, outcome.optimal_cmd,
                              (autotuning_of(settings.doc, world).arg_mappings or {}).values())
     if changed:
+        why = ("the Hugging Face Trainer refuses a ds_config whose batch differs from its arguments"
+               if any(flag in changed for flag in TRAINER_FLAGS) else "the script takes its batch from them")
         print(f"zerotune tune: {outcome.layout.optimal_config.name} goes with the script's arguments in "
-              f"{outcome.layout.optimal_cmd.name} ({changed}): run that command, or give those values yourself (the "
-              f"Hugging Face Trainer refuses a ds_config whose batch differs from its arguments)")
+              f"{outcome.layout.optimal_cmd.name} ({changed}): run that command, or give those values yourself ({why})")
     if not settings.run_after:
         return 0
     return subprocess.call(list(outcome.optimal_cmd), env={**os.environ, **settings.env})

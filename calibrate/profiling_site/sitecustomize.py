@@ -69,6 +69,18 @@ def _peak_memory_bytes() -> float:
     return float(acc.max_memory_allocated())
 
 
+def _after_checks() -> float | None:
+    """After rank 0's matmul and copy checks (about 180 MB of buffers): an accelerator's peak is reset so that the
+    steps' peak is the training's; the CPU's (getrusage's lifetime peak) cannot be, so the peak the checks reached is
+    returned, and a rank whose steps never went above it has no training peak to report (validate/profiled.py)."""
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    if acc.device_name() == "cpu":
+        return _peak_memory_bytes()
+    acc.reset_peak_memory_stats()
+    return None
+
+
 def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
     values = list(args) + list(kwargs.items())
@@ -346,6 +358,7 @@ def _attach(engine: Any) -> None:
             state["copy"] = _copy_rate()
         except Exception as exc:  # noqa: BLE001 - as above
             state["copy"] = {"error": f"{type(exc).__name__}: {exc}"}
+        state["checks_peak_memory_bytes"] = _after_checks()
         _write(f"{_OUT}.model.json", doc)
     from deepspeed.accelerator import get_accelerator
     state["peak_memory_kind"] = ("peak RSS of the rank's process (getrusage)" if get_accelerator().device_name() == "cpu"
