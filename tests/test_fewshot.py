@@ -71,3 +71,6 @@ def test_a_transferred_calibrations_error_is_mostly_one_offset_per_model() -> No
     result = fewshot(DEFAULT_DATA_DIR / "ds_autotuning_hf_v100.jsonl")
     assert result.shared_rms == pytest.approx(0.095, abs=0.02) and result.within_rms == pytest.approx(0.064, abs=0.02)
     assert result.shared_rms > result.within_rms
+    from zerotune.validate.calibration import TRANSFER_SHARED_VARIANCE
+    share = result.shared_rms ** 2 / (result.shared_rms ** 2 + result.within_rms ** 2)
+    assert share == pytest.approx(TRANSFER_SHARED_VARIANCE, abs=0.05)

@@ -672,14 +672,15 @@ def test_a_calibration_band_widens_for_a_model_it_was_not_fitted_on(tmp_path: Pa
     from dataclasses import replace as dc_replace
 
     from zerotune.calibrate.profiles import load_profile, shipped_profile_path
-    from zerotune.validate.calibration import MODEL_TRANSFER_REL, calibration_for
+    from zerotune.validate.calibration import MODEL_TRANSFER_REL, TRANSFER_SHARED_VARIANCE, calibration_for
     shipped = load_profile(shipped_profile_path("cpu")).uncertainty.bands().step_time_rel
     said: list[str] = []
     fitted = calibration_for(dc_replace(_settings(tmp_path, [1], [1]), model="zt-gpt-small"), said.append)
     assert fitted.uncertainty.step_time_rel == shipped and fitted.uncertainty.shared_rel == 0
     other = calibration_for(_settings(tmp_path, [1], [1]), said.append)  # TINY, not among the profile's models
     assert other.uncertainty.step_time_rel == pytest.approx(math.hypot(shipped, MODEL_TRANSFER_REL))
-    assert other.uncertainty.shared_rel == MODEL_TRANSFER_REL  # one offset for all its configurations
+    # most of it one offset for all its configurations (the published table's split, validate/fewshot.py)
+    assert other.uncertainty.shared_rel == pytest.approx(MODEL_TRANSFER_REL * math.sqrt(TRANSFER_SHARED_VARIANCE))
     assert any("widens" in line for line in said)
 
 
