@@ -218,22 +218,22 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         source=source,
     )
     try:
-        return ModelSpec(**{**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, get, path)})
+        return ModelSpec(**{**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, path)})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _hf_experts(cfg: dict[str, Any], get: _NamedIntegers, path: Path | str) -> dict[str, Any]:
+def _hf_experts(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """A sparse MoE's experts (Mixtral's num_local_experts, Qwen-MoE's and OLMoE's num_experts; each of
     intermediate_size, or moe_intermediate_size where the config has one) and the experts a token is routed to
     (num_experts_per_tok); nothing for a dense MLP. A shared expert (Qwen2-MoE) is not modelled."""
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if not experts:
         return {}
-    out = _model_integers(path, {"num_experts": experts, "experts_per_token": cfg.get("num_experts_per_tok") or 1})
+    out = {"num_experts": experts, "experts_per_token": cfg.get("num_experts_per_tok") or 1}
     if cfg.get("moe_intermediate_size"):
-        out["ffn_hidden_size"] = _model_integers(path, {"ffn_hidden_size": cfg["moe_intermediate_size"]})["ffn_hidden_size"]
-    return out
+        out["ffn_hidden_size"] = cfg["moe_intermediate_size"]
+    return _model_integers(path, out)
 
 
 def _stated_head_dim(cfg: dict[str, Any], hidden: int, heads: int, path: Path | str) -> int:

@@ -66,9 +66,10 @@ def calibration_for(settings: TuneSettings, log: Callable[[str], None] = print) 
         wider = math.hypot(bands.step_time_rel, MODEL_TRANSFER_REL)
         log(f"zerotune tune: the profile was fitted on {', '.join(fitted) or 'no named model'}; for another model "
             f"its step-time band widens from {bands.step_time_rel:.1%} to {wider:.1%} (MODEL_TRANSFER_REL)")
-        bands = replace(bands, step_time_rel=wider, shared_rel=MODEL_TRANSFER_REL * math.sqrt(TRANSFER_SHARED_VARIANCE))
+        shared = MODEL_TRANSFER_REL * math.sqrt(TRANSFER_SHARED_VARIANCE)
+        bands = replace(bands, step_time_rel=wider, shared_rel=shared)
     return Calibration(profile.efficiency, bands, _square_matmuls(profile),
-                  float(copy) if isinstance(copy, (int, float)) and copy > 0 else None)
+                       float(copy) if isinstance(copy, (int, float)) and copy > 0 else None)
 
 
 def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[str], None] = lambda _: None
@@ -118,7 +119,7 @@ MAX_PACE_RATIO = 4.0
 (another machine, a thermal fault): the rescaling stops here."""
 
 
-def paced(model: "Calibration", settings: TuneSettings, log: Callable[[str], None]) -> "Calibration":
+def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]) -> Calibration:
     """The model with its GEMM rate scaled by the device's matmul pace now over the calibration's, and its memory
     bandwidth by its copy pace: a calibration holds for the machine as it ran that day, and a shared machine's
     pace moves (this CPU VM's single-thread fp32 matmul: 95 GFLOP/s in the shipped profile's microbenchmark on

@@ -47,7 +47,7 @@ def _script_optimizer(doc: dict[str, Any], impl: OptimizerImpl | None, cfg: DSCo
 def with_script_optimizer(settings: TuneSettings, space: SearchSpace) -> SearchSpace:
     """Every variant of the space costed with the script's own optimizer (_script_optimizer)."""
     return replace(space, variants=tuple(_script_optimizer(settings.doc, settings.optimizer_impl, v)
-                                         for v in space.variants))
+                                        for v in space.variants))
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,9 @@ def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> Non
         return
     stages = json.loads(marker.read_text()).get("num_stages") or "its"
     raise ValueError(f"the script {settings.command.script} trains a pipeline-parallel model (deepspeed.pipe."
-                     f"PipelineModule, {stages} stages; see {run_dir}): zerotune tune does not run DeepSpeed's pipeline "
-                     f"engine, as DeepSpeed's autotuner does not; rank its layouts with zerotune predict (ds_config "
-                     f"pipeline.stages) instead")
+                     f"PipelineModule, {stages} stages; see {run_dir}): zerotune tune does not run DeepSpeed's "
+                     f"pipeline engine, as DeepSpeed's autotuner does not; rank its layouts with zerotune predict "
+                     f"(ds_config pipeline.stages) instead")
 
 
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:

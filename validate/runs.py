@@ -38,7 +38,7 @@ def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, l
 
 
 def launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],
-                 stop_rule: StopRule | None = None) -> LaunchSpec:
+                stop_rule: StopRule | None = None) -> LaunchSpec:
     o = settings.launch_flags
     filtered = o.include is not None or o.exclude is not None  # the runner refuses counts beside a filter
     return LaunchSpec(script=settings.command.script, ds_config=ds_config, run_dir=run_dir,
@@ -79,7 +79,8 @@ def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: f
     return rule
 
 
-def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job, at: AutotuningConfig) -> ExperimentResult:
+def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job,
+                      at: AutotuningConfig) -> ExperimentResult:
     metric = at.metric
     if run.status == "stopped":  # its partial step times still correct the predictions (zerotune.validate.search)
         step_s = statistics.median(run.step_times_s) if run.step_times_s else None

@@ -75,8 +75,8 @@ from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
-           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job", "already_measured",
-           "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
+           "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
+           "already_measured", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
 
 FamilyKey = tuple[int, str, str, bool, int, int]
 """(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""

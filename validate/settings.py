@@ -65,8 +65,9 @@ class TuneSettings:
     without an optimizer section (None: DSConfig.optimizer_impl from the ds_config)."""
     script_checkpointing: bool | None = None
     """Whether the script recomputes its blocks in backward, as the profiling run saw it (ProfiledRun.
-    activation_checkpointing); every configuration of a user's script is costed so (zerotune.validate.profiling_run.as_the_script_runs). None: no
-    profiling run (--model given), and the ds_config's activation_checkpointing section says it, as for predict."""
+    activation_checkpointing); every configuration of a user's script is costed so
+    (zerotune.validate.profiling_run.as_the_script_runs). None: no profiling run (--model given), and the ds_config's
+    activation_checkpointing section says it, as for predict."""
     script_precision: Precision | None = None
     """The precision the profiling run's engine held its weights in (ProfiledRun.dtype); it stands for a precision
     section the Hugging Face Trainer fills ("enabled": "auto", set by its --fp16 / --bf16). None: no profiling run."""

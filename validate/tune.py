@@ -210,8 +210,8 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     job = build_job(settings.model, settings.hardware, settings.num_nodes, settings.num_gpus, settings.seq_len)
     check_parallelism(job, settings.doc)
     space = with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
-                                                                  hidden_size=job.model.hidden_size,
-                                                                  explore=_explorable(settings, job.cluster.hardware.kind)))
+                                                                 hidden_size=job.model.hidden_size,
+                                                                 explore=_explorable(settings, job.cluster.hardware.kind)))
     if settings.script_checkpointing is False and "activation_checkpointing" in settings.doc \
             and settings.command.script != BUILTIN_SCRIPT:
         warnings.warn("ds_config activation_checkpointing: DeepSpeed's engine does not switch recomputation by this "

@@ -103,14 +103,16 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
     def pre_forward(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         state["forward_calls"] += 1
         state["step_start"] = state["step_start"] or time.perf_counter()
+        if state["inputs"] is not None and len(state["input_lengths"]) >= MAX_LENGTHS:
+            return
         shapes = _shapes(args, kwargs)
         if state["inputs"] is None:
             state["inputs"] = shapes
-        if len(state["input_lengths"]) < MAX_LENGTHS:  # a collator that pads each batch to its longest sample
-            ids = next((s["shape"] for s in shapes if len(s["shape"]) == 2 and s["dtype"].startswith(("int", "uint"))),
-                       None)
-            if ids is not None:
-                state["input_lengths"].append(int(ids[1]))
+        # every forward's token length: a collator that pads each batch to its longest sample changes it
+        ids = next((s["shape"] for s in shapes if len(s["shape"]) == 2 and s["dtype"].startswith(("int", "uint"))),
+                   None)
+        if ids is not None and len(state["input_lengths"]) < MAX_LENGTHS:
+            state["input_lengths"].append(int(ids[1]))
     engine.module.register_forward_pre_hook(pre_forward, with_kwargs=True)
     if blocks is not None:
         def count(_module: Any, args: tuple[Any, ...]) -> None:
@@ -335,7 +337,8 @@ def _copy_rate() -> dict[str, Any]:
 
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
-    state: dict[str, Any] = {"rank": rank, "inputs": None, "input_lengths": [], "block_input": None, "forward_calls": 0, "block_calls": 0, "inner_calls": 0,
+    state: dict[str, Any] = {"rank": rank, "inputs": None, "input_lengths": [], "block_input": None, "forward_calls": 0,
+                             "block_calls": 0, "inner_calls": 0,
                              "sdpa_calls": 0, "sdpa_shapes": None, "attention_matmul": None,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
                              "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
