@@ -52,6 +52,18 @@ def test_failure_reason_is_the_exception_line_not_launcher_noise() -> None:
     assert failure_reason(stderr) == "RuntimeError: Expected all tensors to be on the same device"
 
 
+def test_failure_reason_reads_one_copy_of_two_ranks_writing_at_once() -> None:
+    # A CI run's stderr.log: both ranks of tests/fixtures/crash.py raised at once into the launcher's stderr, and
+    # Python writes the type, ": " and the message separately, so the two copies interleaved by write.
+    crashed = ("Traceback (most recent call last):\n"
+               "ValueErrorValueError: : fixture crash on purpose (argv 4 args)fixture crash on purpose (argv 4 args)\n")
+    assert failure_reason(crashed) == "ValueError: fixture crash on purpose (argv 4 args)"
+    joined = "ValueError: bad value for lr: -1ValueError: bad value for lr: -1"
+    assert failure_reason(joined) == "ValueError: bad value for lr: -1"
+    one_rank = "RuntimeError: Expected all tensors to be on the same device, cpu and cpu"  # pairs of letters not all
+    assert failure_reason(one_rank) == one_rank
+
+
 def test_failure_reason_is_the_crashed_ranks_error_not_the_peers_echo() -> None:
     # a pipeline-parallel script under wall_clock_breakdown (2026-11-26): rank 0 failed, rank 1 then lost its gloo
     # peer and printed last; the recorded reason was rank 1's
