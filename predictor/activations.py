@@ -19,9 +19,10 @@ FP32_BYTES = 4
 
 
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int,
-                           tp: int = 1) -> float:
+                           tp: int = 1, cross_share: float | None = None) -> float:
     """Bytes one transformer block keeps for backward (no recomputation), times the model's measured
-    activation_scale (1 unless a profiling run measured the user's block)."""
+    activation_scale (1 unless a profiling run measured the user's block). Cross-attention sub-blocks count
+    `cross_share` times (the model's mean per block unless given: 1 for a decoder block)."""
     h, f, kv, a = model.hidden_size, model.mlp_width, model.kv_dim, model.num_heads
     d, s = act_bytes, seq_len
     mask = MASK_BYTES if model.dropout else 0
@@ -41,6 +42,10 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     attention = (model.q_dim + 2 * kv + model.q_dim) * d + scores
     mlp = (4 * f if model.gated_mlp else (5 * f if model.activation == "gelu_new" else 2 * f)) * d
     per_token = replicated + (attention + mlp) / tp
+    # cross-attention: its norm's input and output dropout mask, and Q, K, V, the output projection's input and
+    # the scores as self-attention keeps them, of the full heads
+    share = model.cross_attention_share if cross_share is None else cross_share
+    per_token += share * (h * d + h * mask + (4 * model.q_dim * d + scores) / tp)
     return float(per_token * s * micro_batch * model.activation_scale)
 
 

@@ -106,13 +106,14 @@ MODEL_LIMITS: dict[str, int] = {
     "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
     "attention_head_dim": 2**16, "frozen_layer_params": 10**15, "frozen_outer_params": 10**15,
     "adapter_params": 10**15, "num_adapter_tensors": 2**24, "num_experts": 2**12, "experts_per_token": 2**12,
+    "cross_attention_layers": 4096,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
 arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
 _MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
                    "published_num_params", "attention_head_dim", "frozen_layer_params", "frozen_outer_params",
-                   "adapter_params", "num_adapter_tensors", "num_experts"}
+                   "adapter_params", "num_adapter_tensors", "num_experts", "cross_attention_layers"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -208,8 +209,9 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
     model_type = str(cfg.get("model_type", ""))
     get = _NamedIntegers(cfg, path)
     hidden, heads = get("hidden_size"), get("num_heads")
+    layers, cross = _hf_layers(cfg, get)
     common: dict[str, Any] = dict(
-        name=name, num_layers=_hf_layers(cfg, get), hidden_size=hidden, num_heads=heads,
+        name=name, num_layers=layers, cross_attention_layers=cross, hidden_size=hidden, num_heads=heads,
         num_kv_heads=get("num_kv_heads", heads), ffn_hidden_size=get("ffn_hidden_size", 4 * hidden),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
@@ -237,22 +239,24 @@ def _hf_experts(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
 
 
 def _stated_head_dim(cfg: dict[str, Any], hidden: int, heads: int, path: Path | str) -> int:
-    """config.json's head_dim where it differs from hidden / heads (Qwen3-0.6B: 128 against 1024 / 16), else 0."""
-    value = cfg.get("head_dim")
+    """config.json's head_dim (T5's d_kv) where it differs from hidden / heads (Qwen3-0.6B: 128 against 1024 / 16;
+    flan-t5-small: d_kv 64 against 512 / 6), else 0."""
+    value = cfg.get("head_dim", cfg.get("d_kv"))
     if value is None:
         return 0
     dim = _model_integers(path, {"attention_head_dim": value})["attention_head_dim"]
     return 0 if hidden % heads == 0 and dim == hidden // heads else dim
 
 
-def _hf_layers(cfg: dict[str, Any], get: _NamedIntegers) -> int:
-    """Blocks a token passes through: an encoder-decoder's (T5's num_layers + num_decoder_layers, BART's
-    encoder_layers + decoder_layers, transformers' is_encoder_decoder) counted as one stack of both; the
-    decoder's cross-attention is not modelled."""
+def _hf_layers(cfg: dict[str, Any], get: _NamedIntegers) -> tuple[int, int]:
+    """(blocks a token passes through, those with cross-attention): an encoder-decoder's (T5's num_layers +
+    num_decoder_layers, BART's encoder_layers + decoder_layers, transformers' is_encoder_decoder) counted as one
+    stack of both, its decoder blocks with their cross-attention (ModelSpec.cross_attention_layers)."""
     if cfg.get("is_encoder_decoder") or "encoder_layers" in cfg:
         encoder = get("encoder_layers", 0) or get("num_layers")
-        return encoder + get("decoder_layers", encoder)
-    return get("num_layers")
+        decoder = get("decoder_layers", encoder)
+        return encoder + decoder, decoder
+    return get("num_layers"), 0
 
 
 _ROTARY_KEYS = ("rope_parameters", "rope_theta", "rope_scaling", "rotary_dim", "rotary_pct", "rotary_emb_base",

@@ -24,7 +24,9 @@ def layer_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> flo
     attention = 4 * tokens * seq_len * q
     out = 2 * tokens * q * h
     mlp = 2 * tokens * h * f * (3 if model.gated_mlp else 2)
-    return float(qkv + attention + out + mlp)
+    # cross-attention: q, k, v and o of the full heads and the scores, as one more attention
+    cross = model.cross_attention_share * (2 * tokens * h * 3 * q + attention + out)
+    return float(qkv + attention + out + mlp + cross)
 
 
 def logits_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:

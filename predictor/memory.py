@@ -198,7 +198,7 @@ def _stage3_gathered(job: Job, cfg: DSConfig) -> float:
     the partition is the whole tensor (partition_parameters.py:1559-1560, _no_gather_coalesced).
     DeepSpeed's own estimator charges 4 bytes x largest layer for the same thing."""
     m = job.model
-    largest = max([m.num_layer_params] + [t.num_elems for t in m.embedding_tensors() + m.head_tensors()])
+    largest = max([m.largest_layer_params] + [t.num_elems for t in m.embedding_tensors() + m.head_tensors()])
     largest /= cfg.mp_size
     gradient = largest * DTYPE_BYTES[cfg.grad_precision]
     if cfg.dp_size(job.cluster.world_size) == 1:

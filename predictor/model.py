@@ -109,6 +109,13 @@ class ModelSpec:
     experts_per_token of them (mlp_width)."""
     experts_per_token: int = 1
     """MoE: the experts each token is routed to (top-k: Mixtral's num_experts_per_tok 2, DeepSpeed MoE's k)."""
+    cross_attention_layers: int = 0
+    """Blocks with a cross-attention sub-block over the encoder's output: an encoder-decoder's decoder layers (T5's
+    T5LayerCrossAttention, BART's encoder_attn; transformers models/t5/modeling_t5.py, models/bart/modeling_bart.py),
+    the last of num_layers. Each adds a norm and q, k, v, o projections of the full heads, held and updated like
+    any block's; it runs as one more attention (projections, scores, softmax, residual) at the stack's positions,
+    on average over the blocks, as the one-stack description runs the encoder's and the decoder's blocks at their
+    layer-weighted mean length (validate/profiled.py _encoder_decoder_tokens)."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -129,6 +136,9 @@ class ModelSpec:
         for field in ("frozen_layer_params", "frozen_outer_params", "adapter_params", "num_adapter_tensors"):
             if getattr(self, field) < 0:
                 raise ValueError(f"model {self.name!r}: {field} must be 0 or positive, got {getattr(self, field)}")
+        if not 0 <= self.cross_attention_layers <= self.num_layers:
+            raise ValueError(f"model {self.name!r}: cross_attention_layers must be 0 to num_layers "
+                             f"({self.num_layers}), got {self.cross_attention_layers}")
         if self.attention_head_dim < 0:
             raise ValueError(f"model {self.name!r}: attention_head_dim must be 0 (hidden_size / num_heads) or "
                              f"positive, got {self.attention_head_dim}")
@@ -179,6 +189,11 @@ class ModelSpec:
         t += self._linear(f"{p}.attn.k", h, kv, self.qkv_bias, layer)
         t += self._linear(f"{p}.attn.v", h, kv, self.qkv_bias, layer)
         t += self._linear(f"{p}.attn.out", q, h, self.out_bias, layer)
+        if layer >= self.num_layers - self.cross_attention_layers:
+            t += self._norm(f"{p}.cross_norm", layer)
+            for proj in ("q", "k", "v"):
+                t += self._linear(f"{p}.cross.{proj}", h, q, self.qkv_bias, layer)
+            t += self._linear(f"{p}.cross.out", q, h, self.out_bias, layer)
         t += self._norm(f"{p}.norm2", layer)
         experts = [f"{p}.mlp"] if not self.num_experts else [f"{p}.mlp.experts.{e}" for e in range(self.num_experts)]
         if self.num_experts:  # the router: h -> one score per expert
@@ -285,5 +300,18 @@ class ModelSpec:
 
     @cached_property
     def num_layer_params(self) -> int:
-        """Parameters of one transformer block."""
-        return sum(t.num_elems for t in self.layer_tensors(0))
+        """Parameters of one transformer block: their mean over the blocks where some carry cross-attention."""
+        if not self.cross_attention_layers:
+            return sum(t.num_elems for t in self.layer_tensors(0))
+        return round(sum(t.num_elems for layer in range(self.num_layers) for t in self.layer_tensors(layer))
+                     / self.num_layers)
+
+    @cached_property
+    def largest_layer_params(self) -> int:
+        """Parameters of the largest block (a decoder block with its cross-attention)."""
+        return sum(t.num_elems for t in self.layer_tensors(self.num_layers - 1))
+
+    @property
+    def cross_attention_share(self) -> float:
+        """Cross-attention sub-blocks per block, on average."""
+        return self.cross_attention_layers / self.num_layers

@@ -229,6 +229,30 @@ def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: 
     return fwd, bwd, kernels_f, kernels_b
 
 
+def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates, weight_grad: float
+                     ) -> tuple[Batch, Batch, int, int, Batch]:
+    """(forward s, backward s, forward kernels, backward kernels, forward FLOPs) of one cross-attention sub-block
+    (ModelSpec.cross_attention_layers): its norm, q, k and v projections of the full heads, the scores, the output
+    projection, its residual add and dropout, all at the stack's positions."""
+    tokens, h, q = b * s, model.hidden_size, model.q_dim
+    parts = [_linear(tokens, h, 3 * q / tp, rates, weight_grad), _linear(tokens, q / tp, h, rates, weight_grad),
+             _attention(model, b, s, tp, rates)]
+    hidden, drop = tokens * h, 1 if model.dropout else 0
+    fwd = _elementwise(hidden, 1, 1, 0, rates) + _elementwise(hidden / tp, 1, 1, 0, rates)
+    bwd = _elementwise(hidden, 3, 1, 0, rates) + _elementwise(hidden / tp, 1, 1, 0, rates)
+    pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
+    gemms = 2 + (1 if model.attention == "flash" else 2)
+    # the norm (backward: 2), the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
+    kernels_f, kernels_b = gemms + 3 + drop, 2 * gemms + 4 + drop
+    if model.attention == "eager":
+        scores, passes = b * model.num_heads / tp * s * s, 3 + drop
+        fwd += _elementwise(scores, passes, passes, drop * scores, rates)
+        bwd += _elementwise(scores, passes + 1, passes, drop * scores, rates)
+        kernels_f, kernels_b = kernels_f + passes, kernels_b + passes
+    return (sum(x[0] for x in parts) + fwd + pair, sum(x[1] for x in parts) + bwd + pair, kernels_f, kernels_b,
+            sum(x[2] for x in parts))
+
+
 def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:
     """One transformer block on one tensor-parallel rank."""
     h, f, kv, q = model.hidden_size, model.mlp_width, model.kv_dim, model.q_dim
@@ -243,9 +267,15 @@ def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates)
     flops = sum(p[2] for p in parts)
     gemm_kernels = 4 + (1 if model.attention == "flash" else 2)
     backward_gemm_kernels = 2 * gemm_kernels - round(4 * (1 - wg))  # frozen weights: no weight-gradient GEMM
-    return PhaseTimes(sum(p[0] for p in parts) + mem_f + rel_f + ad_f, sum(p[1] for p in parts) + mem_b + rel_b + ad_b,
-                      gemm_kernels + kernels_f + rel_kf + ad_kf, backward_gemm_kernels + kernels_b + rel_kb + ad_kb,
-                      flops, BACKWARD_PER_FORWARD * flops)
+    fwd = sum(p[0] for p in parts) + mem_f + rel_f + ad_f
+    bwd = sum(p[1] for p in parts) + mem_b + rel_b + ad_b
+    kernels_f, kernels_b = gemm_kernels + kernels_f + rel_kf + ad_kf, backward_gemm_kernels + kernels_b + rel_kb + ad_kb
+    if model.cross_attention_layers:  # the blocks' mean: cross_attention_share sub-blocks per block
+        share = model.cross_attention_share
+        x_f, x_b, x_kf, x_kb, x_flops = _cross_attention(model, b, s, tp, rates, wg)
+        fwd, bwd, flops = fwd + share * x_f, bwd + share * x_b, flops + share * x_flops
+        kernels_f, kernels_b = kernels_f + round(share * x_kf), kernels_b + round(share * x_kb)
+    return PhaseTimes(fwd, bwd, kernels_f, kernels_b, flops, BACKWARD_PER_FORWARD * flops)
 
 
 def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates, embedding: bool

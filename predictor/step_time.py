@@ -16,7 +16,6 @@ a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth con
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Literal, Union

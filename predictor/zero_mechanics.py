@@ -181,7 +181,7 @@ def _trace(model: ModelSpec, persistence_threshold: int, max_reuse_distance: int
         fetched_elems_forward=float(sum(fetched)), fetched_elems_backward=released_elems,
         kept_elems=float(sum(fetched)) - released_elems,
         persistent_elems=float(sum(t.num_elems for t in tensors if t.num_elems <= persistence_threshold)),
-        num_grad_tensors=len(tensors), largest_module_elems=float(max(max(sizes), model.num_layer_params)))
+        num_grad_tensors=len(tensors), largest_module_elems=float(max(max(sizes), model.largest_layer_params)))
 
 
 def zero3_trace(model: ModelSpec, cfg: DSConfig) -> Zero3Trace:

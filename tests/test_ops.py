@@ -15,11 +15,13 @@ from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert-base", "llama-2-7b", "distilbert-base"])
+@pytest.mark.parametrize("name, cross", [("gpt2", 0), ("bert-base", 0), ("llama-2-7b", 0), ("distilbert-base", 0),
+                                         ("gpt2", 5)])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_op_flops_add_up_to_flops_py(name: str, tp: int) -> None:
-    # One formula, one place: the kernels' FLOPs are flops.py's count of the same micro-batch, split over tp.
-    model = load_model(name)
+def test_op_flops_add_up_to_flops_py(name: str, cross: int, tp: int) -> None:
+    # One formula, one place: the kernels' FLOPs are flops.py's count of the same micro-batch, split over tp (also
+    # with an encoder-decoder's cross-attention in 5 of the 12 blocks).
+    model = load_model(name).replace(cross_attention_layers=cross)
     rates = device_rates(load_hardware("a100-80gb"), "bf16", Efficiency())
     b, s = 3, 512
     block, outer = layer_times(model, b, s, tp, rates), outer_times(model, b, s, tp, rates, True)

@@ -244,7 +244,10 @@ def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[i
     if not saved or tokens is None:
         return 1.0
     act_bytes = 2 if any(t in dtype for t in ("bfloat16", "float16")) else 4
-    formula = layer_activation_bytes(spec.replace(activation_scale=1.0), tokens[0], tokens[1], act_bytes)
+    # an encoder-decoder's hooked block is a decoder block (the larger, calibrate/inspect_model.find_blocks): with
+    # its cross-attention
+    formula = layer_activation_bytes(spec.replace(activation_scale=1.0), tokens[0], tokens[1], act_bytes,
+                                     cross_share=1.0 if spec.cross_attention_layers else None)
     read.append(f"the first block kept {saved / 2**20:.3g} MiB for backward at {tokens[0]} x {tokens[1]} tokens, "
                 f"the formula {formula / 2**20:.3g} MiB: activations x {saved / formula:.3g}")
     return saved / formula
