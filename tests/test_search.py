@@ -189,6 +189,19 @@ def test_a_second_zero_stage_is_run_before_stopping_when_within_the_stage_error(
     assert after_one.index in (4, 5)  # even where no band beats the best by 60%
 
 
+def test_a_stage_stopped_early_counts_as_the_second_stage() -> None:
+    """A T5 script's tune (2026-11-26): ZeRO-0 finished, ZeRO-3 was stopped early as slower; the third and last
+    experiment went to ZeRO-1 as yet another 'second stage' instead of ZeRO-0 at a larger micro-batch. A stopped run
+    was measured: its stage has been tried, and the stopping rule decides."""
+    families = ((0, "none", "none", False, 1, 1), (1, "none", "none", False, 1, 1), (3, "none", "none", False, 1, 1))
+    cands = replace(_cands(step_s=[1.0, 1.8, 1.6, 2.9, 1.6, 3.0]), families=families)
+    ran = [_observe(cands, 1, 1.8), Observation(families[2], 8, 3.0, 0.5, "stopped", 3.3, 5)]
+    done = np.array([False, True, False, False, False, True])
+    assert choose(cands, ran, U, done, min_gain_rel=0.6).index is None
+    only_ok = choose(cands, ran[:1], U, done, min_gain_rel=0.6)  # one stage measured: another is still run
+    assert only_ok.index in (2, 3, 4)
+
+
 def test_a_measurement_is_predicted_at_the_sequence_length_it_ran() -> None:
     # a profiling run of a script that pads each batch to its longest sample ran at the mean length (135) while the
     # job is costed at the longest (240): its prediction, and so the error it corrects with, is the mean's

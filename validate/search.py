@@ -406,12 +406,12 @@ def _choice(cands: Candidates, index: int, goodness: np.ndarray, post: Posterior
 
 
 def _second_stage(cands: Candidates, observations: Sequence[Observation], likely: np.ndarray) -> np.ndarray:
-    """While every experiment that ran has been of one ZeRO stage: the likely-fitting configurations of the other
-    stages. One stage measured cannot tell the model's error about it from the cluster's, and a whole stage is
+    """While every experiment measured (finished, or stopped early as slower than the best) has been of one ZeRO
+    stage: the likely-fitting configurations of the other stages. One stage measured cannot tell the model's error about it from the cluster's, and a whole stage is
     where the uncalibrated model errs most (ZeRO-3 ranked first where every published measurement has it slowest,
     issue 12), so the best of another stage is run before the stopping rule may end the search."""
     stages = {cands.families[cands.family[o.index]][0] for o in observations
-              if o.index is not None and o.status == "ok"}
+              if o.index is not None and o.status in MEASURED}  # a run stopped early was measured slower: tried
     if len(stages) != 1:
         return np.zeros(len(cands), dtype=bool)
     (stage,) = stages
