@@ -403,6 +403,30 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
         profile_model(settings, pipeline)
 
 
+@pytest.mark.parametrize("fixed, expected", [({"gradient_accumulation_steps": 2}, 2), ({}, 1)])
+def test_the_profiling_run_keeps_the_users_gradient_accumulation(tmp_path: Path, fixed: dict, expected: int) -> None:
+    """A Qwen2 script's ds_config fixed accumulation at 2 and every experiment ran 2, but the profiling run ran 1: a
+    configuration outside the space, so the search started with no measured best (2026-11-26). DeepSpeed's
+    autotuner keeps the user's (autotuning/autotuner.py:987 get_gas_from_user_config)."""
+    from zerotune.validate.profiling_run import profile_model
+    script, ds = tmp_path / "train.py", tmp_path / "ds.json"
+    script.write_text("")
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": [2, 4], **fixed,
+                              "autotuning": {"results_dir": str(tmp_path / "results")}}))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    settings = settings_from_args(parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", str(script),
+                                                     "--deepspeed", str(ds)]))
+    ran: list[dict] = []
+
+    def engine(spec: LaunchSpec) -> RunResult:
+        ran.append(spec.ds_config)
+        return RunResult("failed", "ValueError: stop here", 1, 1.0, spec.run_dir, None)
+    with pytest.raises(ValueError, match="failed before its DeepSpeed engine started"):
+        profile_model(settings, engine)
+    assert (ran[0]["train_micro_batch_size_per_gpu"], ran[0]["gradient_accumulation_steps"]) == (2, expected)
+
+
 def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:
     best = parse_ds_config({"train_micro_batch_size_per_gpu": 8}, world_size=WORLD)
     assert lr_advice({"train_micro_batch_size_per_gpu": [1, 8]}, best, WORLD) is None

@@ -124,13 +124,16 @@ def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> Non
 
 
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
-    """One run of the script at the space's smallest micro-batch, measured by DeepSpeed's engine like an
+    """One run of the script at the space's smallest micro-batch and accumulation, measured by DeepSpeed's engine like an
     experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
     Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
     space = space_from_ds_config(settings.doc, world_size=world, explore=())
-    cfg = space.variants[0].replace(train_micro_batch_size_per_gpu=min(space.micro_batches))
+    # the user's gradient accumulation where the ds_config fixes it (DeepSpeed's autotuner keeps it too:
+    # autotuning/autotuner.py:987 get_gas_from_user_config), so the run is one of the space's configurations
+    cfg = space.variants[0].replace(train_micro_batch_size_per_gpu=min(space.micro_batches),
+                                    gradient_accumulation_steps=min(space.grad_accums, default=1))
     run_dir = Path(at.results_dir) / "profile"
     prefix = (run_dir / "profiled").resolve()
     for old in run_dir.glob("profiled.*.json"):
