@@ -272,12 +272,27 @@ def failure_reason(text: str) -> str:
     lines = [_RANK_PREFIX.sub("", line).strip() for line in text.splitlines()]
     lines = [_one_of_two_copies(line) or line for line in lines]
     meaningful = [line for line in lines if not _NOISE.search(line)]
-    exceptions = [line for line in meaningful if _EXCEPTION_LINE.search(line)]
-    primary = [line for line in exceptions if not _SECONDARY.search(line)]
-    for found in (primary, exceptions, meaningful):
+    exceptions = [i for i, line in enumerate(meaningful) if _EXCEPTION_LINE.search(line)]
+    primary = [i for i in exceptions if not _SECONDARY.search(meaningful[i])]
+    for found in (primary, exceptions):
         if found:
-            return found[-1][:500]
-    return ""
+            return _with_continuation(meaningful, found[-1])[:500]
+    return meaningful[-1][:500] if meaningful else ""
+
+
+def _with_continuation(lines: list[str], at: int) -> str:
+    """An exception line that ends with ':' and the lines its message goes on with (the Hugging Face Trainer's
+    "... mismatch TrainingArguments values:" lists the values on the next lines), up to the next exception line,
+    a repeat of it (another rank's copy) or 3 lines."""
+    line = lines[at]
+    if not line.endswith(":"):
+        return line
+    more = []
+    for follow in lines[at + 1:at + 4]:
+        if _EXCEPTION_LINE.search(follow) or follow == line:
+            break
+        more.append(follow)
+    return " ".join([line, *more])
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, Any] | None, str]:

@@ -64,6 +64,20 @@ def test_failure_reason_reads_one_copy_of_two_ranks_writing_at_once() -> None:
     assert failure_reason(one_rank) == one_rank
 
 
+def test_failure_reason_keeps_the_lines_an_exception_message_goes_on_with() -> None:
+    # A Trainer script's stderr.log (transformers integrations/deepspeed.py trainer_config_finalize): the values
+    # that mismatch are on the lines after the exception's; rank 1 then prints the same.
+    stderr = ("[rank0]: ValueError: Please correct the following DeepSpeed config values that mismatch "
+              "TrainingArguments values:\n[rank0]: - ds train_batch_size=2 vs hf train_batch_size (calculated)=1\n"
+              "[rank0]: The easiest method is to set these DeepSpeed config values to 'auto'.\n"
+              "[rank1]: Traceback (most recent call last):\n"
+              "[rank1]: ValueError: Please correct the following DeepSpeed config values that mismatch "
+              "TrainingArguments values:\n[rank1]: - ds train_batch_size=2 vs hf train_batch_size (calculated)=1\n")
+    assert failure_reason(stderr) == ("ValueError: Please correct the following DeepSpeed config values that mismatch "
+                                      "TrainingArguments values: - ds train_batch_size=2 vs hf train_batch_size "
+                                      "(calculated)=1")
+
+
 def test_failure_reason_is_the_crashed_ranks_error_not_the_peers_echo() -> None:
     # a pipeline-parallel script under wall_clock_breakdown (2026-11-26): rank 0 failed, rank 1 then lost its gloo
     # peer and printed last; the recorded reason was rank 1's

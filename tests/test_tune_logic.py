@@ -427,6 +427,25 @@ def test_the_profiling_run_keeps_the_users_gradient_accumulation(tmp_path: Path,
     assert (ran[0]["train_micro_batch_size_per_gpu"], ran[0]["gradient_accumulation_steps"]) == (2, expected)
 
 
+def test_an_arg_mapping_the_script_refuses_is_named(tmp_path: Path) -> None:
+    """A script taking --per_device_batch, its ds_config mapping the micro-batch to --batch_size: argparse refuses
+    the flag in the profiling run. The error named the ds_config, not the mapping (2026-11-26)."""
+    from zerotune.validate.profiling_run import profile_model
+    script, ds = tmp_path / "train.py", tmp_path / "ds.json"
+    script.write_text("")
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": [1, 4],
+                              "autotuning": {"results_dir": str(tmp_path / "results"),
+                                             "arg_mappings": {"train_micro_batch_size_per_gpu": "--batch_size"}}}))
+    parser = argparse.ArgumentParser()
+    add_tune_arguments(parser)
+    settings = settings_from_args(parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", str(script),
+                                                     "--per_device_batch", "4", "--deepspeed_config", str(ds)]))
+    refused = "train.py: error: unrecognized arguments: --batch_size 1"
+    with pytest.raises(ValueError, match="arg_mappings maps train_micro_batch_size_per_gpu to --batch_size, which "
+                                         "train.py does not accept .*map it to the flag the script takes"):
+        profile_model(settings, lambda spec: RunResult("failed", refused, 2, 1.0, spec.run_dir, None))
+
+
 def test_no_lr_advice_when_the_user_gave_a_list_or_auto() -> None:
     best = parse_ds_config({"train_micro_batch_size_per_gpu": 8}, world_size=WORLD)
     assert lr_advice({"train_micro_batch_size_per_gpu": [1, 8]}, best, WORLD) is None

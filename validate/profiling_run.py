@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from zerotune.calibrate.launch import RunResult, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
@@ -123,6 +123,18 @@ def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> Non
                      f"(ds_config pipeline.stages) instead")
 
 
+def _refuse_unaccepted_mapping(reason: str, arg_mappings: Mapping[str, str] | None, settings: TuneSettings,
+                               run_dir: Path) -> None:
+    """The one-line error for a script whose argparse refused a flag autotuning.arg_mappings sets ("unrecognized
+    arguments: --batch_size 1"): the mapping names a flag the script does not take."""
+    refused = reason.partition("unrecognized arguments:")[2].split()
+    for key, flag in (arg_mappings or {}).items():
+        if flag in refused:
+            raise ValueError(f"autotuning.arg_mappings maps {key.strip()} to {flag}, which "
+                             f"{settings.command.script.name} does not accept (its profiling run: unrecognized "
+                             f"arguments: {' '.join(refused)}; see {run_dir}): map it to the flag the script takes")
+
+
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
     """One run of the script at the space's smallest micro-batch and accumulation, measured by DeepSpeed's engine like an
     experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
@@ -148,6 +160,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     except ValueError as exc:
         why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
         if run.status != "ok" and not Path(f"{prefix}.model.json").is_file():  # --model would not help: it never ran
+            _refuse_unaccepted_mapping(run.reason, at.arg_mappings, settings, run_dir)
             raise ValueError(f"the profiling run of {settings.command.script} failed before its DeepSpeed engine "
                              f"started ({why}; see {run_dir}): the experiments would fail the same way; make the "
                              f"script train under deepspeed with this ds_config first") from None
