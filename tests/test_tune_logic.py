@@ -196,6 +196,26 @@ def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path,
     assert [r.resumed for r in outcome.results] == [True] + [False] * len(names)
 
 
+def test_a_rerun_starts_from_the_earlier_tunes_measurements_and_keeps_them(tmp_path: Path,
+                                                                           budget_ends_it: None) -> None:
+    """A T5 script tuned twice in one folder (2026-11-26): the rerun's profiling run measured another speed, its
+    search chose other experiments, and summary.txt and measurements.jsonl then listed only the new three, the
+    earlier best among the folders but in neither. Now the earlier tune's finished experiments are measured
+    configurations to the rerun's search (not run again, no budget spent) and stay in its outputs."""
+    settings = _settings(tmp_path, [6, 7, 8], [0], top_k=1)
+    first = tune(settings, FakeLauncher(), log=lambda _: None)
+    launcher = FakeLauncher()
+    lines: list[str] = []
+    second = tune(settings, launcher, log=lines.append)
+    (earlier,) = first.results
+    assert [r.name for r in second.results][0] == earlier.name and second.results[0].resumed
+    assert len(launcher.calls) == 1 and launcher.calls[0][0] != earlier.name  # one new experiment: the budget
+    assert any(line.startswith(f"zerotune tune: resumed {earlier.name}") for line in lines)
+    stored = [m.source.rsplit("/", 1)[-1] for m in read_jsonl(tmp_path / "results" / "measurements.jsonl")]
+    assert stored == [r.name for r in second.results]
+    assert earlier.name in (tmp_path / "results" / "summary.txt").read_text()
+
+
 def test_overwrite_reruns_finished_experiments(tmp_path: Path, budget_ends_it: None) -> None:
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=2, overwrite=True)
     tune(settings, FakeLauncher(), log=lambda _: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, free_port
 from zerotune.calibrate.measurement import Measurement
@@ -115,16 +115,40 @@ def window_step_s(run: RunResult, samples: int, at: AutotuningConfig) -> float:
     return statistics.median([*run.step_times_s[-window:], last_s])
 
 
+def _run_of(settings: TuneSettings, job: Job, at: AutotuningConfig, cfg: DSConfig
+            ) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """(ds_config, script arguments, what exp.json must agree on for a recorded result to be this run's)."""
+    ds_config = experiment_ds_config(cfg, job.cluster.world_size, at)
+    args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
+    same_run = {"ds_config": ds_config, "user_script": str(settings.command.script), "user_args": list(args),
+                "job": {"model": settings.model, "hardware": settings.hardware, "seq_len": job.seq_len}}
+    return ds_config, args, same_run
+
+
+def finished_earlier(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout,
+                     configs: Mapping[str, tuple[int, DSConfig]]) -> list[tuple[int, ExperimentResult]]:
+    """(candidate index, result) of every experiment an earlier tune in this results folder finished (or stopped)
+    with this script, arguments and job: a rerun resumes with them as measured, as DeepSpeed's autotuner skips
+    finished experiments. `configs`: experiment name -> (candidate index, configuration)."""
+    found = []
+    for exp_json in sorted(layout.results_dir.glob("*/exp.json")):
+        name = exp_json.parent.name
+        if name not in configs:
+            continue
+        index, cfg = configs[name]
+        result = load_finished(layout, name, job.cluster.world_size, _run_of(settings, job, at, cfg)[2])
+        if result is not None and result.status in ("ok", "stopped", "oom"):
+            found.append((index, result))
+    return found
+
+
 def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
                    cfg: DSConfig, prediction: Prediction, launcher: Launcher,
                    best: ExperimentResult | None = None) -> ExperimentResult:
     """Run one configuration (or read back its earlier result) and record it in the layout; with a measured
     `best`, the run is stopped as soon as its steps show it cannot beat it (stop_rule_for)."""
     name, world = experiment_name(cfg), job.cluster.world_size
-    ds_config = experiment_ds_config(cfg, world, at)
-    args = rewrite_args(settings.command.args, at.arg_mappings, ds_config)
-    same_run = {"ds_config": ds_config, "user_script": str(settings.command.script), "user_args": list(args),
-                "job": {"model": settings.model, "hardware": settings.hardware, "seq_len": job.seq_len}}
+    ds_config, args, same_run = _run_of(settings, job, at, cfg)
     if not at.overwrite:
         finished = load_finished(layout, name, world, same_run)
         if finished is not None:

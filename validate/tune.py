@@ -53,7 +53,7 @@ from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, prof
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
-from zerotune.validate.runs import launch_spec, measurement_of, run_experiment
+from zerotune.validate.runs import finished_earlier, launch_spec, measurement_of, run_experiment
 from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, already_measured, candidate_table,
                                       fit_probability, measured_job, memory_bounds, observation_of, prediction_of,
                                       run_search)
@@ -105,11 +105,35 @@ def _first_predictions(job: Job, model: Calibration, measured: Sequence[Measurem
 
 # -- the loop ------------------------------------------------------------------------------------------------
 
+def _observation(table: SearchTable, index: int, result: ExperimentResult) -> Observation:
+    cands = table.candidates
+    return Observation(cands.families[cands.family[index]], int(cands.micro_batch[index]), float(cands.step_s[index]),
+                       float(cands.memory_ratio[index]), result.status,
+                       result.step_s if result.status in ("ok", "stopped") else None, index)
+
+
+def _resumed(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, table: SearchTable,
+             log: Callable[[str], None]) -> list[tuple[int, ExperimentResult]]:
+    """The experiments an earlier tune of this script finished in this results folder (none with overwrite)."""
+    if at.overwrite or not any(layout.results_dir.glob("*/exp.json")):
+        return []
+    configs = {}
+    for index in range(len(table.candidates)):
+        cfg = table.config(index)
+        configs.setdefault(experiment_name(cfg), (index, cfg))
+    earlier = finished_earlier(settings, job, at, layout, configs)
+    for _, result in earlier:
+        log(f"zerotune tune: resumed {result.name} from an earlier tune in {layout.results_dir}: {result.status}"
+            + (f", {at.metric} {result.metric_value:.4g}" if result.metric_value is not None else ""))
+    return earlier
+
+
 def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, model: Calibration,
             table: SearchTable, launcher: Launcher, log: Callable[[str], None], results: list[ExperimentResult],
-            initial: Sequence[Measurement] = ()) -> str:
+            initial: Sequence[Measurement] = (), earlier: Sequence[tuple[int, ExperimentResult]] = ()) -> str:
     """Run experiments into `results` until the stopping rule or the budget ends it (zerotune.validate.search decides
-    which); returns why it stopped."""
+    which); returns why it stopped. `earlier`: (candidate index, result) of an earlier tune's experiments
+    (_resumed), measured configurations to the search that spend no budget."""
     metric, budget = at.metric, min(settings.top_k, at.tuner_num_trials)
 
     def run(choice: Choice) -> Observation:
@@ -124,15 +148,13 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
-        cands = table.candidates
-        return Observation(cands.families[cands.family[choice.index]], int(cands.micro_batch[choice.index]),
-                           float(cands.step_s[choice.index]), float(cands.memory_ratio[choice.index]),
-                           result.status, result.step_s if result.status in ("ok", "stopped") else None,
-                           choice.index)
+        return _observation(table, choice.index, result)
 
     initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
-    _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs,
-                           already_measured(table, initial))
+    initial_obs += [_observation(table, index, result) for index, result in earlier]
+    done = already_measured(table, initial)
+    done[[index for index, _ in earlier]] = True
+    _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs, done)
     if reason is not None:
         best = best_result(results, metric)
         return reason + (f" ({best.name}: {metric} {best.metric_value:.4g})" if best is not None else "")
@@ -229,9 +251,10 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     if not fit_probability(table.candidates.memory_ratio, bounds).any():
         raise _nothing_fits(job, space, model.efficiency, model.uncertainty)
     layout = Layout(Path(at.results_dir), Path(at.exps_dir))
-    results: list[ExperimentResult] = []
+    earlier = _resumed(settings, job, at, layout, table, log)
+    results = [result for _, result in earlier]
     try:
-        stop_reason = _search(settings, job, at, layout, model, table, launcher, log, results, initial)
+        stop_reason = _search(settings, job, at, layout, model, table, launcher, log, results, initial, earlier)
     except KeyboardInterrupt:  # the launcher has killed its ranks; leave a consistent folder, then stop
         _write_outputs(settings, job, at, layout, results, "interrupted (Ctrl-C): rerun to resume",
                        time.monotonic() - start)
