@@ -106,7 +106,7 @@ class AccumulationFit:
 
 def _line_fit(gas: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
     """(slope, intercept) of the least-squares line through (gas, seconds)."""
-    n, mean_g, mean_t = len(gas), sum(gas) / len(gas), sum(seconds) / len(seconds)
+    mean_g, mean_t = sum(gas) / len(gas), sum(seconds) / len(seconds)
     var = sum((g - mean_g) ** 2 for g in gas)
     slope = sum((g - mean_g) * (t - mean_t) for g, t in zip(gas, seconds)) / var
     return slope, mean_t - slope * mean_g
