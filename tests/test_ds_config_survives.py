@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -155,3 +156,24 @@ def test_the_refused_keys_are_the_installed_deepspeeds() -> None:
     from deepspeed.runtime import config as ds_runtime_config
     assert set(REMOVED_TOP_LEVEL_KEYS) == set(ds_runtime_config._REMOVED_TOP_LEVEL_CONFIG_KEYS)
     assert set(REMOVED_ZERO_KEYS) == set(ds_runtime_config._REMOVED_ZERO_CONFIG_KEYS)
+
+
+def test_a_trainers_auto_zero_keys_stay_auto_where_the_optimum_holds_the_trainers_fill() -> None:
+    """A T5 Trainer script's ds_config (2026-11-26): reduce_bucket_size "auto" came back as 65536 (what the Trainer
+    fills at hidden 256) and its stage-3 "auto" keys were dropped at the stage-0 optimum. Both stay "auto"; a value
+    zerotune chose other than the fill is written as the number."""
+    from zerotune.validate.experiments import optimal_ds_config
+    user = {"train_micro_batch_size_per_gpu": 4,
+            "zero_optimization": {"stage": 0, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                  "param_persistence_threshold": "auto", "overlap_comm": True}}
+    cfg = parse_ds_config(user, world_size=2, hidden_size=256)
+    zero = optimal_ds_config(cfg, 2, user, 256)["zero_optimization"]
+    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["param_persistence_threshold"]) \
+        == ("auto", "auto", "auto")
+    assert zero["overlap_comm"] is True and zero["stage"] == 0
+    tuned = cfg.replace(zero=replace(cfg.zero, reduce_bucket_size_elems=5 * 10**8))
+    assert optimal_ds_config(tuned, 2, user, 256)["zero_optimization"]["reduce_bucket_size"] == 5 * 10**8
+    at_stage_3 = cfg.replace(zero=replace(cfg.zero, stage=3))
+    zero3 = optimal_ds_config(at_stage_3, 2, user, 256)["zero_optimization"]
+    assert zero3["stage3_prefetch_bucket_size"] == "auto" and zero3["stage3_param_persistence_threshold"] == "auto"
+    assert "param_persistence_threshold" not in zero3  # the alias is the canonical key's

@@ -12,10 +12,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from zerotune.predictor import DSConfig, to_ds_config
-from zerotune.predictor.dsconfig import AutotuningConfig
+from zerotune.predictor.dsconfig import AUTO, AutotuningConfig
 
 __all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "batch_as_given", "trainer_arg_mappings", "experiment_ds_config",
            "optimal_ds_config", "BATCH_KEYS", "DS_CONFIG_FLAGS", "TRAINER_FLAGS"]
@@ -187,10 +187,30 @@ def experiment_ds_config(cfg: DSConfig, world_size: int, autotuning: AutotuningC
     return doc
 
 
-def optimal_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
-    """The ds_config to train with: the configuration, autotuning switched off (DeepSpeed removes the section)."""
+_AUTO_FILLS: dict[str, Callable[[int], int]] = {
+    "reduce_bucket_size": lambda h: h * h, "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h}
+"""What the Hugging Face Trainer fills a zero_optimization "auto" with (transformers integrations/deepspeed.py
+HfTrainerDeepSpeedConfig.trainer_config_finalize: hidden_size^2, 0.9 hidden_size^2, 10 hidden_size), as zerotune
+costs it (zerotune.predictor.dsconfig._zero)."""
+
+
+def optimal_ds_config(cfg: DSConfig, world_size: int, user_doc: Mapping[str, Any] | None = None,
+                      hidden_size: int | None = None) -> dict[str, Any]:
+    """The ds_config to train with: the configuration, autotuning switched off (DeepSpeed removes the section). A
+    zero_optimization key the user's config (`user_doc`) left "auto" stays "auto" where the optimum holds what the
+    Trainer fills it with, or does not set it (a stage-3 key at stage 0)."""
     doc = to_ds_config(cfg, world_size)
     doc.pop("autotuning", None)
+    user_zero = (user_doc or {}).get("zero_optimization")
+    if not isinstance(user_zero, Mapping):
+        return doc
+    zero = doc["zero_optimization"]
+    for key in (k for k, v in user_zero.items() if v == AUTO):
+        name = key if key in zero or f"stage3_{key}" not in zero else f"stage3_{key}"  # prefetch_bucket_size: alias
+        fill = _AUTO_FILLS.get(name)
+        if name not in zero or (fill is not None and hidden_size and zero[name] == fill(hidden_size)):
+            zero[name] = AUTO
     return doc
 
 

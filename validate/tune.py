@@ -183,7 +183,8 @@ def _write_outputs(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     best = best_result(results, at.metric)
     if best is None:
         return ()
-    write_json_atomic(layout.optimal_config, optimal_ds_config(best.config, job.cluster.world_size))
+    write_json_atomic(layout.optimal_config, optimal_ds_config(best.config, job.cluster.world_size, settings.doc,
+                                                               job.model.hidden_size))
     cmd = _optimal_cmd(settings, layout, best, at, job.cluster.world_size)
     env = [f"{k}={shlex.quote(v)}" for k, v in sorted(settings.env.items())]
     write_text_atomic(layout.optimal_cmd, " ".join(env + [shlex.join(cmd)]) + "\n")
