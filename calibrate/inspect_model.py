@@ -284,6 +284,20 @@ def _training(model: nn.Module, blocks: nn.Module | None) -> dict[str, int]:
     return out
 
 
+_ACTIVATIONS = ((nn.ReLU, "relu"), (nn.SiLU, "silu"), (nn.GELU, "gelu"))
+
+
+def _activation(block: nn.Module) -> str | None:
+    """The block's activation where a module or nn.TransformerEncoderLayer's flag says (activation_relu_or_gelu: 1
+    ReLU, 2 GELU, torch/nn/modules/transformer.py); None: a function the modules do not show (costed as GELU)."""
+    for mod in block.modules():
+        for cls, name in _ACTIVATIONS:
+            if isinstance(mod, cls):
+                return name
+    flag = getattr(block, "activation_relu_or_gelu", None)
+    return {1: "relu", 2: "gelu"}.get(flag) if isinstance(flag, int) else None
+
+
 def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     found = find_blocks(model)
     if found is None:
@@ -320,6 +334,9 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
         notes["assumed"].append(f"no position table: {doc['position_embedding']} positions")
     if "token_types" in others:
         doc["type_vocab_size"] = others["token_types"].num_embeddings
+    activation = _activation(blocks[0])
+    if activation is not None:
+        doc["activation"] = activation
     return doc
 
 

@@ -216,13 +216,24 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         attention_head_dim=_stated_head_dim(cfg, hidden, heads, path),
-        activation="gelu_new" if "gelu_new" in (cfg.get("activation_function"), cfg.get("hidden_act")) else "gelu",
+        activation=_hf_activation(cfg),
         source=source,
     )
     try:
         return ModelSpec(**{**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, path)})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _hf_activation(cfg: dict[str, Any]) -> str:
+    """The MLP's activation as the config names it (GPT-2's activation_function, most families' hidden_act, Gemma's
+    hidden_activation, T5's feed_forward_proj "relu" / "gated-gelu"); GELU's other forms (gelu_pytorch_tanh, "gelu")
+    are torch's one fused kernel."""
+    named = next((str(cfg[k]) for k in ("activation_function", "hidden_act", "hidden_activation", "feed_forward_proj")
+                  if isinstance(cfg.get(k), str)), "gelu").lower().removeprefix("gated-")
+    if named == "gelu_new":
+        return "gelu_new"
+    return "relu" if named == "relu" else "silu" if named in ("silu", "swish") else "gelu"
 
 
 def _hf_experts(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:

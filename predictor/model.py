@@ -55,10 +55,10 @@ class ModelSpec:
     mlp_bias: bool = True
     dropout: bool = True
     """Whether dropout layers run in training; their masks are stored for backward (Korthikanti 2022)."""
-    activation: Literal["gelu", "gelu_new"] = "gelu"
-    """The MLP's activation when it is not gated. 'gelu' is one fused kernel (torch's GELU); 'gelu_new' is
-    GPT-2's tanh approximation as Hugging Face writes it, eight elementwise torch ops each run as its own
-    kernel in eager mode (transformers activations.py NewGELUActivation / gelu_new)."""
+    activation: Literal["gelu", "gelu_new", "relu", "silu"] = "gelu"
+    """The MLP's activation (of the gate, for a gated MLP). 'gelu', 'relu' and 'silu' are one fused kernel each
+    (torch's), costed alike; 'gelu_new' is GPT-2's tanh approximation as Hugging Face writes it, eight elementwise
+    torch ops each run as its own kernel in eager mode (transformers activations.py NewGELUActivation / gelu_new)."""
     attention: Literal["eager", "flash"] = "eager"
     """How attention runs: 'eager' materialises the s x s scores, softmax and its dropout mask per head
     (Korthikanti's 5as^2b term); 'flash' (FlashAttention, PyTorch's scaled_dot_product_attention) keeps only the

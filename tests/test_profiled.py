@@ -735,3 +735,29 @@ def test_heads_no_module_names_are_read_from_the_first_forwards_attention(tmp_pa
 def test_heads_a_module_states_are_not_replaced_by_the_forwards() -> None:
     """Where a module names its heads (nn.MultiheadAttention, num_heads attributes) nothing is flagged as assumed."""
     assert describe(_script("encoder_mlm").MaskedLM())["assumed_fields"] == []
+
+
+class _TorchEncoder(torch.nn.Module):
+    """nn.TransformerEncoder as DeepSpeedExamples-style classifiers use it (ReLU by default)."""
+
+    def __init__(self, activation: str) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(500, 64)
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 256, batch_first=True, activation=activation)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(64, 3)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_the_activation_is_read_from_the_block(activation: str) -> None:
+    """An nn.TransformerEncoder classifier's MLP runs ReLU (its activation_relu_or_gelu flag; the function is no
+    module); model_profiled.yaml said gelu (2026-11-26). A Hugging Face config names it (hidden_act)."""
+    s = describe(_TorchEncoder(activation))["structure"]
+    assert (s["num_layers"], s["hidden_size"], s["ffn_hidden_size"], s["activation"]) == (2, 64, 256, activation)
+    transformers = pytest.importorskip("transformers")
+    from zerotune.predictor.catalog import model_from_hf_dict
+    qwen = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=1, vocab_size=500)
+    assert model_from_hf_dict(qwen.to_dict(), "qwen", "test").activation == "silu"
+    t5 = transformers.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=500)
+    assert model_from_hf_dict(t5.to_dict(), "t5", "test").activation == "relu"
