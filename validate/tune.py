@@ -140,7 +140,8 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         assert choice.index is not None
         cfg = table.config(choice.index)
         prediction = prediction_of(choice, metric, float(table.table.memory_bytes.ravel()[choice.index]))
-        log(f"zerotune tune: experiment {len(results) + 1} (at most {budget}) {experiment_name(cfg)} (predicted "
+        limit = f"at most {budget}" + (f" after the {len(earlier)} resumed" if earlier else "")
+        log(f"zerotune tune: experiment {len(results) + 1} ({limit}) {experiment_name(cfg)} (predicted "
             f"{metric} {prediction.metric_value:.4g}, band {prediction.metric_low:.4g}-{prediction.metric_high:.4g}"
             + (f", fits with p={choice.fit_probability:.2f}" if choice.fit_probability < 1 else "") + ")")
         result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher,
