@@ -19,10 +19,11 @@ FP32_BYTES = 4
 
 
 def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int,
-                           tp: int = 1, cross_share: float | None = None) -> float:
+                           tp: int = 1, cross_share: float | None = None, cross_seq_len: int | None = None) -> float:
     """Bytes one transformer block keeps for backward (no recomputation), times the model's measured
     activation_scale (1 unless a profiling run measured the user's block). Cross-attention sub-blocks count
-    `cross_share` times (the model's mean per block unless given: 1 for a decoder block)."""
+    `cross_share` times (the model's mean per block unless given: 1 for a decoder block); their keys and values
+    span `cross_seq_len` positions (the encoder's; seq_len unless given)."""
     h, f, kv, a = model.hidden_size, model.mlp_width, model.kv_dim, model.num_heads
     d, s = act_bytes, seq_len
     mask = MASK_BYTES if model.dropout else 0
@@ -45,7 +46,12 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # cross-attention: its norm's input and output dropout mask, and Q, K, V, the output projection's input and
     # the scores as self-attention keeps them, of the full heads
     share = model.cross_attention_share if cross_share is None else cross_share
-    per_token += share * (h * d + h * mask + (4 * model.q_dim * d + scores) / tp)
+    if share:
+        kv = cross_seq_len or s
+        cross_scores = a * FP32_BYTES if model.attention == "flash" else a * kv * (d + (mask + d if model.dropout else 0))
+        # the keys' and values' input is the encoder's output, h per source position (one tensor every decoder
+        # block shares, held here by each)
+        per_token += share * (h * d * (1 + kv / s) + h * mask + (2 * model.q_dim * d * (1 + kv / s) + cross_scores) / tp)
     return float(per_token * s * micro_batch * model.activation_scale)
 
 

@@ -237,7 +237,7 @@ def _training(spec: ModelSpec, doc: Any, read: list[str]) -> ModelSpec:
 
 
 def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[int, int] | None, dtype: str,
-                      read: list[str]) -> float:
+                      read: list[str], source_len: int | None = None) -> float:
     """Measured over formula bytes the first block kept for backward at the first micro-batch (1.0 when nothing
     was measured: no token input, or checkpointing ran the block without gradients)."""
     saved = float(rank0.get("block_saved_bytes") or 0)
@@ -245,9 +245,10 @@ def _activation_scale(rank0: Mapping[str, Any], spec: ModelSpec, tokens: tuple[i
         return 1.0
     act_bytes = 2 if any(t in dtype for t in ("bfloat16", "float16")) else 4
     # an encoder-decoder's hooked block is a decoder block (the larger, calibrate/inspect_model.find_blocks): with
-    # its cross-attention
+    # its cross-attention, whose keys, values and scores span the source's positions (`source_len`)
     formula = layer_activation_bytes(spec.replace(activation_scale=1.0), tokens[0], tokens[1], act_bytes,
-                                     cross_share=1.0 if spec.cross_attention_layers else None)
+                                     cross_share=1.0 if spec.cross_attention_layers else None,
+                                     cross_seq_len=source_len)
     read.append(f"the first block kept {saved / 2**20:.3g} MiB for backward at {tokens[0]} x {tokens[1]} tokens, "
                 f"the formula {formula / 2**20:.3g} MiB: activations x {saved / formula:.3g}")
     return saved / formula
@@ -389,8 +390,10 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         read.append("activation checkpointing: on (the first block's modules run again in backward): every "
                     "configuration is costed with the blocks recomputed")
     elif not stand_in:
+        source = _token_input(rank0.get("inputs")) if spec.cross_attention_layers else None
         spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
-                                                                     str(model_doc.get("dtype", "")), read), 4))
+                                                                     str(model_doc.get("dtype", "")), read,
+                                                                     source[1] if source else None), 4))
     peaks = _training_peaks(ranks)
     impl = _optimizer_impl(rank0.get("optimizer"), read, assumed)
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
