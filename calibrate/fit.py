@@ -85,7 +85,7 @@ class FitResult:
     """Parameter -> why it kept its base value."""
     table: tuple[FitRow, ...]
     quality: FitQuality
-    uncertainty: Uncertainty
+    uncertainty: FitUncertainty
     notes: tuple[str, ...] = ()
 
 

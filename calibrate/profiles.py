@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
+from zerotune.calibrate.atomic import write_json_atomic
 from zerotune.calibrate.measurement import Measurement, from_record
 from zerotune.predictor import Efficiency
 from zerotune.predictor.rank import Uncertainty

@@ -27,7 +27,6 @@ import math
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
