@@ -247,12 +247,13 @@ def _one_of_two_copies(line: str) -> str | None:
     such merge and costs nothing."""
     if len(line) < 8 or any(line.count(c) % 2 for c in set(line)):
         return None
-    budget = [_UNSHUFFLE_STEPS]
+    budget = _UNSHUFFLE_STEPS
 
     def walk(i: int, lead: str, behind: int) -> str | None:
+        nonlocal budget
         while True:
-            budget[0] -= 1
-            if budget[0] < 0 or len(lead) > len(line) // 2:
+            budget -= 1
+            if budget < 0 or len(lead) > len(line) // 2:
                 return None
             if i == len(line):
                 return lead if behind == len(lead) else None

@@ -24,7 +24,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     activation_scale (1 unless a profiling run measured the user's block). Cross-attention sub-blocks count
     `cross_share` times (the model's mean per block unless given: 1 for a decoder block); their keys and values
     span `cross_seq_len` positions (the encoder's; seq_len unless given)."""
-    h, f, kv, a = model.hidden_size, model.mlp_width, model.kv_dim, model.num_heads
+    h, f, kv = model.hidden_size, model.mlp_width, model.kv_dim
     d, s = act_bytes, seq_len
     mask = MASK_BYTES if model.dropout else 0
     # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.
@@ -36,10 +36,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # tanh's output, and both factors of the last product, then the down projection's input: five tensors of
     # the MLP's width where torch's fused GELU keeps two (measured on one H200, data/measurements/gpu_grid:
     # GPT-2's peaks 5-23% above the two-tensor count).
-    if model.attention == "flash":
-        scores = a * FP32_BYTES  # the fp32 log-sum-exp of each query row, per head
-    else:
-        scores = a * s * (d + (mask + d if model.dropout else 0))
+    scores = _score_bytes(model, d, s)
     attention = (model.q_dim + 2 * kv + model.q_dim) * d + scores
     mlp = (4 * f if model.gated_mlp else (5 * f if model.activation == "gelu_new" else 2 * f)) * d
     per_token = replicated + (attention + mlp) / tp
@@ -47,12 +44,21 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # the scores as self-attention keeps them, of the full heads
     share = model.cross_attention_share if cross_share is None else cross_share
     if share:
-        kv = cross_seq_len or s
-        cross_scores = a * FP32_BYTES if model.attention == "flash" else a * kv * (d + (mask + d if model.dropout else 0))
+        span = (cross_seq_len or s) / s  # source positions per target position
         # the keys' and values' input is the encoder's output, h per source position (one tensor every decoder
         # block shares, held here by each)
-        per_token += share * (h * d * (1 + kv / s) + h * mask + (2 * model.q_dim * d * (1 + kv / s) + cross_scores) / tp)
+        cross = h * d * (1 + span) + h * mask
+        cross += (2 * model.q_dim * d * (1 + span) + _score_bytes(model, d, cross_seq_len or s)) / tp
+        per_token += share * cross
     return float(per_token * s * micro_batch * model.activation_scale)
+
+
+def _score_bytes(model: ModelSpec, act_bytes: int, keys: int) -> float:
+    """Bytes per query position that attention keeps of its scores over `keys` positions, all heads: the softmax
+    output (and its dropout mask and output) eagerly, the fp32 log-sum-exp of each query row under flash."""
+    if model.attention == "flash":
+        return model.num_heads * FP32_BYTES
+    return model.num_heads * keys * (act_bytes + (MASK_BYTES + act_bytes if model.dropout else 0))
 
 
 def checkpoint_bytes_per_layer(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: int) -> float:

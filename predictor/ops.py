@@ -192,14 +192,19 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     fwd, bwd = fwd + 2 * pair, bwd + 2 * pair
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
-    if model.attention == "eager":
-        # scale, mask (causal for a decoder, padding for an encoder), softmax and dropout over the scores
-        scores = b * model.num_heads / tp * s * s
-        passes = 3 + drop
-        fwd += _elementwise(scores, passes, passes, drop * scores, rates)
-        bwd += _elementwise(scores, passes + 1, passes, drop * scores, rates)
-        kernels_f, kernels_b = kernels_f + passes, kernels_b + passes
-    return fwd, bwd, kernels_f + 2, kernels_b + 2  # + bias adds the GEMM epilogue does not fuse
+    s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
+    return fwd + s_f, bwd + s_b, kernels_f + s_k + 2, kernels_b + s_k + 2  # + bias adds the GEMM epilogue does not fuse
+
+
+def _eager_scores(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, int]:
+    """(forward s, backward s, kernels each way) of eager attention's passes over the s x s scores of the local
+    heads: scale, mask (causal for a decoder, padding for an encoder), softmax and dropout; none under flash."""
+    if model.attention != "eager":
+        return 0 * b, 0 * b, 0
+    drop = 1 if model.dropout else 0
+    scores, passes = b * model.num_heads / tp * s * s, 3 + drop
+    return (_elementwise(scores, passes, passes, drop * scores, rates),
+            _elementwise(scores, passes + 1, passes, drop * scores, rates), passes)
 
 
 def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates
@@ -242,15 +247,11 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     bwd = _elementwise(hidden, 3, 1, 0, rates) + _elementwise(hidden / tp, 1, 1, 0, rates)
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     gemms = 2 + (1 if model.attention == "flash" else 2)
+    s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     # the norm (backward: 2), the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
-    kernels_f, kernels_b = gemms + 3 + drop, 2 * gemms + 4 + drop
-    if model.attention == "eager":
-        scores, passes = b * model.num_heads / tp * s * s, 3 + drop
-        fwd += _elementwise(scores, passes, passes, drop * scores, rates)
-        bwd += _elementwise(scores, passes + 1, passes, drop * scores, rates)
-        kernels_f, kernels_b = kernels_f + passes, kernels_b + passes
-    return (sum(x[0] for x in parts) + fwd + pair, sum(x[1] for x in parts) + bwd + pair, kernels_f, kernels_b,
-            sum(x[2] for x in parts))
+    kernels_f, kernels_b = gemms + 3 + drop + s_k, 2 * gemms + 4 + drop + s_k
+    return (sum(x[0] for x in parts) + fwd + pair + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
+            kernels_b, sum(x[2] for x in parts))
 
 
 def layer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) -> PhaseTimes:

@@ -136,8 +136,9 @@ def _refuse_unaccepted_mapping(reason: str, arg_mappings: Mapping[str, str] | No
 
 
 def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
-    """One run of the script at the space's smallest micro-batch and accumulation, measured by DeepSpeed's engine like an
-    experiment, with calibrate/profiling_site reading the model inside the user's process (zerotune.validate.profiled).
+    """One run of the script at the space's smallest micro-batch and accumulation, measured by DeepSpeed's engine
+    like an experiment, with calibrate/profiling_site reading the model inside the user's process
+    (zerotune.validate.profiled).
     Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)

@@ -76,7 +76,7 @@ from zerotune.validate.results import Prediction
 __all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
            "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
-           "already_measured", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
+           "already_measured", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
 
 FamilyKey = tuple[int, str, str, bool, int, int]
 """(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""
@@ -407,9 +407,10 @@ def _choice(cands: Candidates, index: int, goodness: np.ndarray, post: Posterior
 
 def _second_stage(cands: Candidates, observations: Sequence[Observation], likely: np.ndarray) -> np.ndarray:
     """While every experiment measured (finished, or stopped early as slower than the best) has been of one ZeRO
-    stage: the likely-fitting configurations of the other stages. One stage measured cannot tell the model's error about it from the cluster's, and a whole stage is
-    where the uncalibrated model errs most (ZeRO-3 ranked first where every published measurement has it slowest,
-    issue 12), so the best of another stage is run before the stopping rule may end the search."""
+    stage: the likely-fitting configurations of the other stages. One stage measured cannot tell the model's error
+    about it from the cluster's, and a whole stage is where the uncalibrated model errs most (ZeRO-3 ranked first
+    where every published measurement has it slowest, issue 12), so the best of another stage is run before the
+    stopping rule may end the search."""
     stages = {cands.families[cands.family[o.index]][0] for o in observations
               if o.index is not None and o.status in MEASURED}  # a run stopped early was measured slower: tried
     if len(stages) != 1:

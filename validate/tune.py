@@ -54,9 +54,9 @@ from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, prof
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
 from zerotune.validate.runs import finished_earlier, launch_spec, measurement_of, run_experiment
-from zerotune.validate.search import (NOISE_STD, Choice, Observation, SearchTable, already_measured, candidate_table,
-                                      fit_probability, measured_job, memory_bounds, observation_of, prediction_of,
-                                      run_search)
+from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
+                                      candidate_table, fit_probability, measured_job, memory_bounds, observation_of,
+                                      prediction_of, run_search)
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of, settings_from_args
 
 __all__ = ["TuneOutcome", "tune", "run_tune", "EXPERIMENT_STARTUP_S"]
@@ -109,7 +109,7 @@ def _observation(table: SearchTable, index: int, result: ExperimentResult) -> Ob
     cands = table.candidates
     return Observation(cands.families[cands.family[index]], int(cands.micro_batch[index]), float(cands.step_s[index]),
                        float(cands.memory_ratio[index]), result.status,
-                       result.step_s if result.status in ("ok", "stopped") else None, index)
+                       result.step_s if result.status in MEASURED else None, index)
 
 
 def _resumed(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, table: SearchTable,
@@ -233,9 +233,9 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     check_arg_mappings(settings.doc, settings.command.args, at.arg_mappings)
     job = build_job(settings.model, settings.hardware, settings.num_nodes, settings.num_gpus, settings.seq_len)
     check_parallelism(job, settings.doc)
+    explore = _explorable(settings, job.cluster.hardware.kind)
     space = with_script_optimizer(settings, space_from_ds_config(settings.doc, world_size=world,
-                                                                 hidden_size=job.model.hidden_size,
-                                                                 explore=_explorable(settings, job.cluster.hardware.kind)))
+                                                                 hidden_size=job.model.hidden_size, explore=explore))
     if settings.script_checkpointing is False and "activation_checkpointing" in settings.doc \
             and settings.command.script != BUILTIN_SCRIPT:
         warnings.warn("ds_config activation_checkpointing: DeepSpeed's engine does not switch recomputation by this "
