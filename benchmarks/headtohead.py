@@ -8,6 +8,7 @@ are reused when they cover it) is run once to score both choices against the gri
     python -m benchmarks.headtohead --out /tmp/h2h            # builtin, wide and latency jobs (about an hour)
     python -m benchmarks.headtohead --quick --out /tmp/h2h    # CI: one tiny job, 2 micro-batch sizes
     python -m benchmarks.headtohead --jobs encoder,decoder    # users' own scripts (tests/fixtures/scripts)
+    python -m benchmarks.headtohead --jobs gpu --hardware h100-80gb --grid skip   # one GPU (benchmarks/gpu_headtohead_run.sh)
 
 A user's script job has no grid: its verdict is the alternated re-measurement of the two choices.
 
@@ -22,7 +23,7 @@ import json
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,7 +34,7 @@ from benchmarks.report import TOOLS, JobResult, format_markdown, grid_best, grid
     metric_ratio, plot_timeline
 from benchmarks.tools import build_ops, run_tool
 from zerotune.calibrate.measurement import Measurement
-from zerotune.predictor import experiment_name, load_model
+from zerotune.predictor import experiment_name, load_hardware, load_model
 
 __all__ = ["run_job", "grid_for", "summary_dict", "main"]
 
@@ -127,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto: data/measurements/cpu_grid_*.jsonl rows when they cover the job's grid and both "
                         "choices (validate/grid.py writes them), else measure it here; skip: no grid")
     p.add_argument("--tool_timeout_s", type=float, default=3600.0, help="time limit of each tuner per job")
+    p.add_argument("--hardware", help="run every job on this catalog hardware (cpu, or a GPU DeepSpeed detects: "
+                                      "h100-80gb, h200 ...) in place of the job's own")
     p.add_argument("--reuse", action="store_true",
                    help="read back a tuner's finished run of the same command and config from --out instead of "
                         "running it again (e.g. to resume a head-to-head cut short)")
@@ -140,12 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--repeats {args.repeats}: the verdict needs at least {MIN_REPEATS} runs of each choice")
         names = args.jobs.split(",") if args.jobs else None
         jobs = [job_by_name(n) for n in names] if names else ([QUICK_JOB] if args.quick else list(FULL_JOBS))
+        if args.hardware:
+            load_hardware(args.hardware)  # an unknown name is refused before anything runs
+            jobs = [replace(job, hardware=args.hardware) for job in jobs]
     except ValueError as exc:
         print(f"headtohead: error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        build_ops(max(job.num_gpus for job in jobs))
+        cpu_jobs = [job for job in jobs if job.hardware == "cpu"]
+        if cpu_jobs:
+            build_ops(max(job.num_gpus for job in cpu_jobs))
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         print(f"headtohead: error: {exc}; check the DeepSpeed install and that ninja is on PATH", file=sys.stderr)
         return 2

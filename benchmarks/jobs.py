@@ -13,7 +13,7 @@ from typing import Any
 
 from zerotune.predictor.rank import Metric
 
-__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "user_ds_config",
+__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "GPU_JOB", "user_ds_config",
            "script_args", "workload", "grid_points", "job_by_name"]
 
 HERE = Path(__file__).resolve().parent
@@ -38,6 +38,9 @@ class BenchJob:
     """Optimizer steps the workload times (after warm-up) in A/B and grid runs."""
     warmup_steps: int = 2
     num_gpus: int = 2
+    hardware: str = "cpu"
+    """zerotune's --hardware (a data/hardware name): "cpu" runs on DeepSpeed's CPU accelerator, any other on the
+    GPUs DeepSpeed detects."""
     shows: str = ""
     """What the job demonstrates, one line for the report."""
     extra_zero: dict[str, Any] = field(default_factory=dict)
@@ -148,9 +151,15 @@ CNN_JOB = BenchJob(
     extra_config={"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}},
     shows="a user's CNN in DeepSpeedExamples' CIFAR style (optimizer from the ds_config): no transformer block to "
           "read, so zerotune describes it by a stand-in of its measured costs")
+GPU_JOB = BenchJob(
+    name="gpu", model="qwen2_loop (16 x 1024, 16 heads sharing 4 K/V heads, vocabulary 32000)", seq_len=1024,
+    stages=(0, 1, 2, 3), max_micro_batch=32, num_gpus=1, hardware="h200", script=str(USER_SCRIPTS / "qwen2_loop.py"),
+    script_flags=("--deepspeed",), extra_config={"bf16": {"enabled": True}},
+    shows="one GPU: a user's Qwen2-style bf16 script in a plain DeepSpeed loop (client AdamW, its own DataLoader), "
+          "zerotune uncalibrated (no profile ships for the GPU); --hardware names another catalog GPU")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
 SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB, CNN_JOB)
-JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS)}
+JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS, GPU_JOB)}
 
 
 def job_by_name(name: str) -> BenchJob:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from benchmarks.jobs import BenchJob, grid_points, script_args, workload
-from benchmarks.tools import cpu_env
+from benchmarks.tools import run_env
 from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl, read_jsonl
 from zerotune.predictor import experiment_name, load_model, parse_ds_config
@@ -72,7 +72,7 @@ def measure_once(job: BenchJob, doc: Mapping[str, Any], run_dir: Path) -> RunRes
         ds_config = {**ds_config, "wall_clock_breakdown": True}
         args = rewrite_args(args, job.arg_mappings, ds_config)
     spec = LaunchSpec(script=workload(job), ds_config=ds_config, run_dir=run_dir, master_port=free_port(),
-                      timeout_s=RUN_TIMEOUT_S, script_args=args, num_gpus=job.num_gpus, env=cpu_env(job.num_gpus))
+                      timeout_s=RUN_TIMEOUT_S, script_args=args, num_gpus=job.num_gpus, env=run_env(job))
     result = launch(spec)
     return _engine_timed(job, ds_config, result) if job.script else result
 
@@ -119,7 +119,7 @@ def grid_configs(job: BenchJob) -> dict[str, dict[str, Any]]:
 
 def _as_measurement(job: BenchJob, doc: Mapping[str, Any], result: RunResult) -> Measurement:
     m = result.metrics or {}
-    return Measurement(model=job.model, hardware="cpu", num_nodes=1, num_gpus_per_node=job.num_gpus,
+    return Measurement(model=job.model, hardware=job.hardware, num_nodes=1, num_gpus_per_node=job.num_gpus,
                        seq_len=job.seq_len, config=parse_ds_config(_runnable(doc), world_size=job.num_gpus),
                        status=result.status, step_s=m.get("step_s"),
                        throughput_samples_per_s=m.get("throughput_samples_per_s"),

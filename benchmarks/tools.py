@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any, Literal, Mapping
 
 from benchmarks.jobs import BenchJob, script_args, user_ds_config, workload
 
-__all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "deepspeed_tune_command", "zerotune_tune_command",
+__all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "run_env", "deepspeed_tune_command", "zerotune_tune_command",
            "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +75,25 @@ def cpu_env(num_gpus: int) -> dict[str, str]:
             "TORCH_EXTENSIONS_DIR": extensions_dir()}
 
 
+def run_env(job: BenchJob) -> dict[str, str]:
+    """The environment of the job's runs: cpu_env on the CPU; on a GPU, DeepSpeed's own accelerator detection
+    (no DS_ACCELERATOR), this Python's bin and the launcher's folder first on PATH (the autotuner calls a bare
+    `deepspeed`) and the shared op build folder."""
+    if job.hardware == "cpu":
+        return cpu_env(job.num_gpus)
+    return {"PATH": os.pathsep.join(dict.fromkeys([str(Path(sys.executable).parent), str(_launcher().parent),
+                                                   os.environ.get("PATH", "")])),
+            "TORCH_EXTENSIONS_DIR": extensions_dir()}
+
+
+def _launcher() -> Path:
+    """DeepSpeed's launcher beside this Python, else the one on PATH (an install with pip --target puts it in
+    the target's bin, not beside the interpreter)."""
+    beside = Path(sys.executable).parent / "deepspeed"
+    found = shutil.which("deepspeed")
+    return beside if beside.is_file() or found is None else Path(found)
+
+
 def extensions_dir() -> str:
     """One absolute build folder for DeepSpeed's JIT ops: the caller's TORCH_EXTENSIONS_DIR, else torch's own
     default (~/.cache/torch_extensions/pyXY_cpu). An empty TORCH_EXTENSIONS_DIR makes torch build into each
@@ -102,8 +122,7 @@ def metric_key(job: BenchJob) -> str:
 
 
 def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
-    launcher = Path(sys.executable).parent / "deepspeed"
-    return [str(launcher), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(workload(job)),
+    return [str(_launcher()), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(workload(job)),
             "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
@@ -111,8 +130,8 @@ def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
     # zerotune gets exactly what DeepSpeed's autotuner gets (no --model, no --seq_len): what it needs about the
     # model it learns from its own profiling run of the script, as DeepSpeed's autotuner does.
     profile = ("--profile", job.zerotune_profile) if job.zerotune_profile else ()
-    return [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", str(job.num_gpus), "--hardware", "cpu",
-            *profile, str(workload(job)), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
+    return [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", str(job.num_gpus), "--hardware",
+            job.hardware, *profile, str(workload(job)), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
 def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:
@@ -120,13 +139,19 @@ def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float)
     start = time.monotonic()
     with (folder / "tool_stdout.log").open("wb") as out, (folder / "tool_stderr.log").open("wb") as err:
         proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), **env}, start_new_session=True)
+                                env={**os.environ, **env, "PYTHONPATH": _with_root(os.environ.get("PYTHONPATH", ""))}, start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s), time.monotonic() - start
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the tool's launcher and every rank it started share its session
             proc.wait()
             return None, time.monotonic() - start
+
+
+def _with_root(pythonpath: str) -> str:
+    """The repository first on the tools' PYTHONPATH (benchmarks.ds_workload), the caller's paths kept after it
+    (a DeepSpeed installed with pip --target is found only through them)."""
+    return os.pathsep.join(p for p in (str(ROOT), pythonpath) if p)
 
 
 def _release_shm_since(started_at: float) -> None:
@@ -153,7 +178,7 @@ def run_tool(tool: Tool, job: BenchJob, folder: Path, timeout_s: float, reuse: b
     else:
         cfg_path.write_text(json.dumps(user_ds_config(job), indent=2) + "\n")
         started_at = time.time()
-        returncode, wall_s = _run(cmd, folder, cpu_env(job.num_gpus), timeout_s)
+        returncode, wall_s = _run(cmd, folder, run_env(job), timeout_s)
         _release_shm_since(started_at)
         (folder / "tool_run.json").write_text(json.dumps({"cmd": cmd, "returncode": returncode, "wall_s": wall_s,
                                                           "started_at": started_at}) + "\n")

@@ -24,7 +24,7 @@ from zerotune.validate.experiments import (UserCommand, check_arg_mappings, mode
                                   rewrite_args, split_user_command)
 from zerotune.validate.plan import build_job
 from zerotune.validate.results import ExperimentResult, Prediction, best_result, measured_from_metrics
-from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, settings_from_args
+from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, detected_gpu, settings_from_args
 from zerotune.validate.results import lr_advice
 from zerotune.validate.tune import tune
 
@@ -754,3 +754,21 @@ def test_a_train_batch_size_no_micro_batch_divides_is_refused_before_any_run(tmp
         space_from_ds_config({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2}, world_size=WORLD)
     assert space_from_ds_config({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2},
                                 world_size=WORLD).batch_grid(WORLD)[0].tolist() == [1, 2, 4]
+
+
+@pytest.mark.parametrize("line, entry", [
+    ("NVIDIA H200, 143771", "h200"),  # data/measurements/gpu_grid/h200_environment.json's device
+    ("NVIDIA H100 80GB HBM3, 81559", "h100-80gb"),
+    ("NVIDIA A100-SXM4-40GB, 40960", "a100-40gb"),
+    ("NVIDIA A100-SXM4-80GB, 81920", "a100-80gb"),
+    ("Tesla V100-SXM2-16GB, 16160", "v100-16gb"),
+])
+def test_tune_on_a_gpu_without_hardware_uses_the_catalog_gpu_nvidia_smi_names(line: str, entry: str) -> None:
+    assert detected_gpu(line + "\n" + line + "\n") == entry
+
+
+@pytest.mark.parametrize("line, named", [("NVIDIA H100 NVL, 95830", "NVIDIA H100 NVL with 94 GiB"),
+                                         ("NVIDIA L4, 23034", "NVIDIA L4 with 22 GiB"), ("", "listed none")])
+def test_a_gpu_the_catalog_lacks_is_named_and_hardware_asked_for(line: str, named: str) -> None:
+    with pytest.raises(ValueError, match=f"which GPU is this\\? .*{named}.*give --hardware"):
+        detected_gpu(line)

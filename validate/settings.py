@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult
-from zerotune.predictor import ClusterSpec, load_hardware, parse_ds_config
+from zerotune.predictor import ClusterSpec, list_hardware, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.space import EXPLORABLE
@@ -217,7 +218,36 @@ def _config_before_the_script(args: argparse.Namespace) -> ValueError:
 def _default_hardware() -> str:
     if os.environ.get("DS_ACCELERATOR") == "cpu" or shutil.which("nvidia-smi") is None:
         return "cpu"
-    raise ValueError("which GPU is this? give --hardware (a data/hardware name or YAML)")
+    return detected_gpu(_nvidia_smi_gpus())
+
+
+def _nvidia_smi_gpus() -> str:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"nvidia-smi did not answer ({exc}); give --hardware (a data/hardware name or YAML)") from None
+    return done.stdout if done.returncode == 0 else ""
+
+
+def detected_gpu(nvidia_smi: str) -> str:
+    """The catalog GPU that nvidia-smi's first `name, memory.total [MiB]` line describes: the catalog name's family
+    (h100, a100 ...) in the device's name and its memory within 15% of the catalog's (an H100 NVL's 94 GB is not
+    the catalog's 80 GB H100). Raises ValueError naming the device when no catalog entry matches."""
+    first = next((line for line in nvidia_smi.splitlines() if line.strip()), "")
+    name, _, mib = first.rpartition(",")
+    try:
+        memory = float(mib) * 2**20
+    except ValueError:
+        raise ValueError("which GPU is this? nvidia-smi listed none; give --hardware (a data/hardware name or "
+                         "YAML)") from None
+    for entry in list_hardware():
+        hw = load_hardware(entry)
+        if hw.kind == "gpu" and entry.split("-")[0].upper() in name.upper() \
+                and abs(memory - hw.memory_bytes) <= 0.15 * hw.memory_bytes:
+            return entry
+    raise ValueError(f"which GPU is this? the catalog has no {name.strip()} with {memory / GIB:.0f} GiB; give --hardware (a "
+                     f"data/hardware YAML for it, or the nearest of {', '.join(list_hardware())})")
 
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
