@@ -149,3 +149,67 @@ def test_gemm_tile_is_a_whole_number_of_elements(tmp_path, value: str) -> None:
     with pytest.raises(ValueError, match="gemm_tile_elems") as err:
         load_hardware(str(tmp_path / "hw.yaml"))
     assert "\n" not in str(err.value)
+
+
+def _bytes_each(fn, model, rates_for) -> tuple[float, float]:
+    """(forward, backward) bytes per element ops.py charges, read off at 1 byte/s over one element."""
+    return tuple(float(t) for t in fn(1.0, model, rates_for))
+
+
+@pytest.mark.parametrize("dtype_name, element_bytes", [("bfloat16", 2), ("float32", 4)])
+def test_rms_norm_and_rotary_bytes_are_what_transformers_runs(dtype_name: str, element_bytes: int) -> None:
+    # ops.py's eager RMSNorm and rotary charges against a live count of the aten ops transformers' LlamaRMSNorm and
+    # apply_rotary_pos_emb dispatch, forward and backward: bytes of every tensor each op reads and writes
+    torch = pytest.importorskip("torch")
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from zerotune.predictor.ops import DeviceRates, _norm, _rotary
+
+    class Bytes(TorchDispatchMode):
+        def __init__(self, smallest: int) -> None:
+            super().__init__()
+            self.moved, self.smallest = 0, smallest
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+            if not func._schema.is_mutable and not any(a.alias_info for a in func._schema.returns):
+                self.moved += sum(t.numel() * t.element_size() for t in tensors if t.numel() >= self.smallest)
+            return out
+
+    dtype = getattr(torch, dtype_name)
+    rates = DeviceRates(1.0, 1.0, 0.0, 1, element_bytes)
+    tokens, hidden = 512, 256
+    x = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    with Bytes(tokens * hidden // 2) as fwd:
+        y = llama.LlamaRMSNorm(hidden).to(dtype)(x)
+    grad = torch.ones_like(y)
+    with Bytes(tokens * hidden // 2) as bwd:
+        y.backward(grad)
+    model = load_model("llama-2-7b")
+    assert _bytes_each(_norm, model, rates) == pytest.approx((fwd.moved / x.numel(), bwd.moved / x.numel()), rel=0.02)
+
+    heads, kv_heads, seq, d = 4, 2, 128, 64
+    q = torch.randn(1, heads, seq, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, kv_heads, seq, d, dtype=dtype, requires_grad=True)
+    cos, sin = torch.randn(1, seq, d, dtype=dtype), torch.randn(1, seq, d, dtype=dtype)
+    with Bytes(k.numel() // 2) as fwd:
+        qe, ke = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    gq, gk = torch.ones_like(qe), torch.ones_like(ke)
+    with Bytes(k.numel() // 2) as bwd:
+        torch.autograd.backward([qe, ke], [gq, gk])
+    shape = model.replace(hidden_size=heads * d, num_heads=heads, num_kv_heads=kv_heads)
+    rope = tuple(float(t) for t in _rotary(shape, seq, 1, rates))
+    assert rope == pytest.approx((fwd.moved, bwd.moved), rel=0.1)
+
+
+def test_a_causal_flash_kernel_skips_the_tiles_above_the_diagonal() -> None:
+    # FlashAttention-2 sec. 3.1.1: (n + 1) / 2n of the tiles for n query blocks of 128; an encoder and a model that
+    # adds ALiBi biases to its scores (llm-foundry's MPT, position_embedding "none") pay for all of them
+    from zerotune.predictor.ops import causal_flash_share
+    llama = load_model("llama-2-7b")
+    assert causal_flash_share(llama, 1024) == pytest.approx(9 / 16)
+    assert causal_flash_share(llama, 64) == 1.0
+    assert causal_flash_share(llama.replace(position_embedding="none"), 1024) == 1.0
+    assert causal_flash_share(load_model("bert-base"), 1024) == 1.0

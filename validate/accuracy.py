@@ -196,9 +196,13 @@ def model_spec(fields: dict[str, Any], seq_len: int, source: str, framework: str
         return known if known.position_embedding != "learned" or seq_len <= known.max_position_embeddings \
             else known.replace(max_position_embeddings=seq_len)
     layers, hidden, heads, ffn, vocab = dims
-    return ModelSpec(name=str(fields.get("name") or "unnamed"), num_layers=layers, hidden_size=hidden,
-                     num_heads=heads, num_kv_heads=heads, ffn_hidden_size=ffn, vocab_size=vocab,
-                     max_position_embeddings=seq_len, source=source)
+    name = str(fields.get("name") or "unnamed")
+    # MPT adds ALiBi biases to the scores and has no position table (mosaicml/mpt-7b config.json attn_config
+    # "alibi": true; llm-foundry's pretraining yamls likewise)
+    positions = "none" if name.upper().startswith("MPT-") else "learned"
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
+                     ffn_hidden_size=ffn, vocab_size=vocab, max_position_embeddings=seq_len,
+                     position_embedding=positions, source=source)
 
 
 def _unsupported(row: dict[str, Any]) -> str | None:
