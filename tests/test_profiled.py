@@ -800,3 +800,21 @@ def test_a_decoder_blocks_cross_attention_keeps_the_sources_positions() -> None:
         dec_scale = dec / layer_activation_bytes(spec, b, target, 4, cross_share=1.0, cross_seq_len=source)
         enc_scale = enc / layer_activation_bytes(spec, b, source, 4, cross_share=0.0)
         assert dec_scale == pytest.approx(enc_scale, rel=0.3), (source, target)
+
+
+@pytest.mark.parametrize("budget_s, edge", [(0.0, 512), (float("inf"), 2048)])
+def test_a_device_too_slow_for_the_2048_matmul_is_timed_at_512(monkeypatch, budget_s: float, edge: int) -> None:
+    # bf16 on a CPU without bf16 units ran the 2048^3 product at 0.27 GFLOP/s, 64 s each, seven times: one
+    # profiling run took 7.5 minutes. A product that would pass the budget is timed at 512^3, one of the
+    # calibration's squares too (data/profiles/cpu.json), so the pace still compares like with like.
+    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    monkeypatch.setattr(site, "MATMUL_BUDGET_S", budget_s)
+
+    class Engine:
+        def bfloat16_enabled(self) -> bool:
+            return False
+
+    rate = site._matmul_rate(Engine())
+    assert (rate["m"], rate["dtype"]) == (edge, "fp32") and rate["flops_per_s"] > 0

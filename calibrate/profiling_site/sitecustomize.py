@@ -302,6 +302,12 @@ def _optimizer(engine: Any) -> dict[str, Any]:
 MATMUL_SIZE = 2048
 """Edge of the square matmul timed before the first step: one of the shapes zerotune's microbenchmarks time
 (calibrate/microbench.py), so the rate compares with the calibration profile's."""
+SLOW_MATMUL_SIZE = 512
+"""The edge timed instead on a device where MATMUL_SIZE's product would take longer than MATMUL_BUDGET_S (also
+one of the microbenchmarks' squares)."""
+MATMUL_BUDGET_S = 1.0
+"""Longest one timed product may take: the timing repeats it about seven times. bf16 on a CPU without bf16 units
+ran a 2048^3 product at 0.27 GFLOP/s (64 s), which made one profiling run take 7.5 minutes."""
 
 
 def _matmul_rate(engine: Any) -> dict[str, Any]:
@@ -314,9 +320,18 @@ def _matmul_rate(engine: Any) -> dict[str, Any]:
     bf16 = getattr(engine, "bfloat16_enabled", lambda: False)()
     fp16 = getattr(engine, "fp16_enabled", lambda: False)()
     dtype, name = (torch.bfloat16, "bf16") if bf16 else (torch.float16, "fp16") if fp16 else (torch.float32, "fp32")
-    n = MATMUL_SIZE
+    n = SLOW_MATMUL_SIZE
     a = torch.randn(n, n, dtype=dtype, device=acc.device_name())
     b = torch.randn(n, n, dtype=dtype, device=acc.device_name())
+    a @ b
+    acc.synchronize()  # the first product pays for kernel selection
+    start = time.perf_counter()
+    a @ b
+    acc.synchronize()
+    if (MATMUL_SIZE / n) ** 3 * (time.perf_counter() - start) <= MATMUL_BUDGET_S:
+        n = MATMUL_SIZE
+        a = torch.randn(n, n, dtype=dtype, device=acc.device_name())
+        b = torch.randn(n, n, dtype=dtype, device=acc.device_name())
     seconds = _timing_module().per_call_s(lambda: a @ b, acc.synchronize)
     return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / seconds}
 
