@@ -3,7 +3,8 @@
 # carried wheels (.whl, as for gpu_grid_run.sh), zerotune from this checkout, the environment recorded, then
 # benchmarks.headtohead with the given arguments (and --hardware as zerotune detects the GPU) until SECONDS have
 # passed; every run's folder comes back packed.
-#   bash benchmarks/gpu_headtohead_run.sh SECONDS OUT_DIR --jobs gpu --grid skip
+#   bash benchmarks/gpu_headtohead_run.sh SECONDS OUT_DIR --jobs gpu01 --grid skip --tool_timeout_s 330
+# (gpu01, stages 0-1, fits one session's device time: about 9 minutes at 25-33 s a run; gpu, stages 0-3, does not)
 set -u
 seconds=$1
 out=$2

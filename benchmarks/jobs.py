@@ -13,7 +13,7 @@ from typing import Any
 
 from zerotune.predictor.rank import Metric
 
-__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "GPU_JOB", "user_ds_config",
+__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "GPU_JOB", "GPU01_JOB", "user_ds_config",
            "script_args", "workload", "grid_points", "job_by_name"]
 
 HERE = Path(__file__).resolve().parent
@@ -157,9 +157,14 @@ GPU_JOB = BenchJob(
     script_flags=("--deepspeed",), extra_config={"bf16": {"enabled": True}},
     shows="one GPU: a user's Qwen2-style bf16 script in a plain DeepSpeed loop (client AdamW, its own DataLoader), "
           "zerotune uncalibrated (no profile ships for the GPU); --hardware names another catalog GPU")
+GPU01_JOB = BenchJob(
+    name="gpu01", model=GPU_JOB.model, seq_len=GPU_JOB.seq_len, stages=(0, 1), max_micro_batch=32, num_gpus=1,
+    hardware="h200", script=GPU_JOB.script, script_flags=GPU_JOB.script_flags, extra_config=GPU_JOB.extra_config,
+    shows="the gpu job with stages [0, 1]: a head to head that fits one session's 15 minutes of device time (on "
+          "2026-11-27 DeepSpeed's autotuner took 25-33 s a run and had not left stage 1 after 230 s)")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
 SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB, CNN_JOB)
-JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS, GPU_JOB)}
+JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS, GPU_JOB, GPU01_JOB)}
 
 
 def job_by_name(name: str) -> BenchJob:
