@@ -8,7 +8,7 @@ are reused when they cover it) is run once to score both choices against the gri
     python -m benchmarks.headtohead --out /tmp/h2h            # builtin, wide and latency jobs (about an hour)
     python -m benchmarks.headtohead --quick --out /tmp/h2h    # CI: one tiny job, 2 micro-batch sizes
     python -m benchmarks.headtohead --jobs encoder,decoder    # users' own scripts (tests/fixtures/scripts)
-    python -m benchmarks.headtohead --jobs gpu --hardware h100-80gb --grid skip   # one GPU (benchmarks/gpu_headtohead_run.sh)
+    python -m benchmarks.headtohead --jobs gpu01 --hardware h100-80gb --grid skip  # one GPU: gpu_headtohead_run.sh
 
 A user's script job has no grid: its verdict is the alternated re-measurement of the two choices.
 

@@ -7,14 +7,14 @@ file. The grid that scores both choices is stages x powers of two up to that cap
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from zerotune.predictor.rank import Metric
 
-__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "GPU_JOB", "GPU01_JOB", "user_ds_config",
-           "script_args", "workload", "grid_points", "job_by_name"]
+__all__ = ["BenchJob", "JOBS", "QUICK_JOB", "FULL_JOBS", "UNCALIBRATED_JOB", "SCRIPT_JOBS", "GPU_JOB", "GPU01_JOB",
+           "user_ds_config", "script_args", "workload", "grid_points", "job_by_name"]
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "ds_workload.py"
@@ -157,9 +157,8 @@ GPU_JOB = BenchJob(
     script_flags=("--deepspeed",), extra_config={"bf16": {"enabled": True}},
     shows="one GPU: a user's Qwen2-style bf16 script in a plain DeepSpeed loop (client AdamW, its own DataLoader), "
           "zerotune uncalibrated (no profile ships for the GPU); --hardware names another catalog GPU")
-GPU01_JOB = BenchJob(
-    name="gpu01", model=GPU_JOB.model, seq_len=GPU_JOB.seq_len, stages=(0, 1), max_micro_batch=32, num_gpus=1,
-    hardware="h200", script=GPU_JOB.script, script_flags=GPU_JOB.script_flags, extra_config=GPU_JOB.extra_config,
+GPU01_JOB = replace(
+    GPU_JOB, name="gpu01", stages=(0, 1),
     shows="the gpu job with stages [0, 1]: a head to head that fits one session's 15 minutes of device time (on "
           "2026-11-27 DeepSpeed's autotuner took 25-33 s a run and had not left stage 1 after 230 s)")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +20,10 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from benchmarks.jobs import BenchJob, script_args, user_ds_config, workload
+from zerotune.calibrate.launch import deepspeed_executable
 
-__all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "run_env", "deepspeed_tune_command", "zerotune_tune_command",
-           "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops"]
+__all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "run_env", "deepspeed_tune_command",
+           "zerotune_tune_command", "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops"]
 
 ROOT = Path(__file__).resolve().parent.parent
 Tool = Literal["deepspeed", "zerotune"]
@@ -81,17 +81,9 @@ def run_env(job: BenchJob) -> dict[str, str]:
     `deepspeed`) and the shared op build folder."""
     if job.hardware == "cpu":
         return cpu_env(job.num_gpus)
-    return {"PATH": os.pathsep.join(dict.fromkeys([str(Path(sys.executable).parent), str(_launcher().parent),
-                                                   os.environ.get("PATH", "")])),
-            "TORCH_EXTENSIONS_DIR": extensions_dir()}
-
-
-def _launcher() -> Path:
-    """DeepSpeed's launcher beside this Python, else the one on PATH (an install with pip --target puts it in
-    the target's bin, not beside the interpreter)."""
-    beside = Path(sys.executable).parent / "deepspeed"
-    found = shutil.which("deepspeed")
-    return beside if beside.is_file() or found is None else Path(found)
+    launcher_dir = str(Path(deepspeed_executable()).parent)  # pip --target puts it in the target's bin
+    folders = dict.fromkeys([str(Path(sys.executable).parent), launcher_dir, os.environ.get("PATH", "")])
+    return {"PATH": os.pathsep.join(folders), "TORCH_EXTENSIONS_DIR": extensions_dir()}
 
 
 def extensions_dir() -> str:
@@ -122,7 +114,7 @@ def metric_key(job: BenchJob) -> str:
 
 
 def deepspeed_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
-    return [str(_launcher()), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(workload(job)),
+    return [deepspeed_executable(), "--autotuning", "tune", "--num_gpus", str(job.num_gpus), str(workload(job)),
             "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
 
 
@@ -131,7 +123,8 @@ def zerotune_tune_command(job: BenchJob, ds_config: Path) -> list[str]:
     # model it learns from its own profiling run of the script, as DeepSpeed's autotuner does.
     profile = ("--profile", job.zerotune_profile) if job.zerotune_profile else ()
     return [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", str(job.num_gpus), "--hardware",
-            job.hardware, *profile, str(workload(job)), "--deepspeed_config", str(ds_config), *script_args(job, for_tuner=True)]
+            job.hardware, *profile, str(workload(job)), "--deepspeed_config", str(ds_config),
+            *script_args(job, for_tuner=True)]
 
 
 def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float) -> tuple[int | None, float]:
@@ -139,7 +132,8 @@ def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float)
     start = time.monotonic()
     with (folder / "tool_stdout.log").open("wb") as out, (folder / "tool_stderr.log").open("wb") as err:
         proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env, "PYTHONPATH": _with_root(os.environ.get("PYTHONPATH", ""))}, start_new_session=True)
+                                env={**os.environ, **env, "PYTHONPATH": _with_root(os.environ.get("PYTHONPATH", ""))},
+                                start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s), time.monotonic() - start
         except subprocess.TimeoutExpired:

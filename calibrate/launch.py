@@ -31,7 +31,7 @@ from typing import Any, Callable, Literal, Mapping
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
-__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
+__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
            "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
 
 TERMINATE_GRACE_S = 5.0
@@ -137,7 +137,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _deepspeed_executable() -> str:
+def deepspeed_executable() -> str:
     # The launcher beside this Python first: a `deepspeed` earlier on PATH may belong to another environment.
     beside = Path(sys.executable).parent / "deepspeed"
     if beside.is_file():
@@ -179,7 +179,7 @@ def _resource_args(spec: LaunchSpec) -> list[str]:
 
 def deepspeed_command(spec: LaunchSpec) -> list[str]:
     """The launcher's argument list (no shell is involved): resources, port, script, its arguments, config."""
-    return [_deepspeed_executable(), *_resource_args(spec), "--master_port", str(spec.master_port),
+    return [deepspeed_executable(), *_resource_args(spec), "--master_port", str(spec.master_port),
             str(spec.script), *spec.script_args, spec.ds_config_flag, str(spec.run_dir / "ds_config.json")]
 
 

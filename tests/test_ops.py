@@ -151,11 +151,6 @@ def test_gemm_tile_is_a_whole_number_of_elements(tmp_path, value: str) -> None:
     assert "\n" not in str(err.value)
 
 
-def _bytes_each(fn, model, rates_for) -> tuple[float, float]:
-    """(forward, backward) bytes per element ops.py charges, read off at 1 byte/s over one element."""
-    return tuple(float(t) for t in fn(1.0, model, rates_for))
-
-
 @pytest.mark.parametrize("dtype_name, element_bytes", [("bfloat16", 2), ("float32", 4)])
 def test_rms_norm_and_rotary_bytes_are_what_transformers_runs(dtype_name: str, element_bytes: int) -> None:
     # ops.py's eager RMSNorm and rotary charges against a live count of the aten ops transformers' LlamaRMSNorm and
@@ -188,7 +183,8 @@ def test_rms_norm_and_rotary_bytes_are_what_transformers_runs(dtype_name: str, e
     with Bytes(tokens * hidden // 2) as bwd:
         y.backward(grad)
     model = load_model("llama-2-7b")
-    assert _bytes_each(_norm, model, rates) == pytest.approx((fwd.moved / x.numel(), bwd.moved / x.numel()), rel=0.02)
+    norm = tuple(float(t) for t in _norm(1.0, model, rates))  # bytes per element: one element at 1 byte/s
+    assert norm == pytest.approx((fwd.moved / x.numel(), bwd.moved / x.numel()), rel=0.02)
 
     heads, kv_heads, seq, d = 4, 2, 128, 64
     q = torch.randn(1, heads, seq, d, dtype=dtype, requires_grad=True)

@@ -24,7 +24,8 @@ from zerotune.validate.experiments import (UserCommand, check_arg_mappings, mode
                                   rewrite_args, split_user_command)
 from zerotune.validate.plan import build_job
 from zerotune.validate.results import ExperimentResult, Prediction, best_result, measured_from_metrics
-from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, detected_gpu, settings_from_args
+from zerotune.validate.settings import (BUILTIN_SCRIPT, TuneSettings, add_tune_arguments, detected_gpu,
+                                       settings_from_args)
 from zerotune.validate.results import lr_advice
 from zerotune.validate.tune import tune
 

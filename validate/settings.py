@@ -17,7 +17,7 @@ from zerotune.predictor import ClusterSpec, list_hardware, load_hardware, parse_
 from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.space import EXPLORABLE
-from zerotune.predictor.units import GIB
+from zerotune.predictor.units import GIB, MIB
 from zerotune.validate.args import positive_float, positive_int
 from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, check_arg_mappings,
                                            filtered_resources, read_ds_config, read_hostfile, split_user_command,
@@ -237,7 +237,7 @@ def detected_gpu(nvidia_smi: str) -> str:
     first = next((line for line in nvidia_smi.splitlines() if line.strip()), "")
     name, _, mib = first.rpartition(",")
     try:
-        memory = float(mib) * 2**20
+        memory = float(mib) * MIB
     except ValueError:
         raise ValueError("which GPU is this? nvidia-smi listed none; give --hardware (a data/hardware name or "
                          "YAML)") from None
@@ -246,8 +246,8 @@ def detected_gpu(nvidia_smi: str) -> str:
         if hw.kind == "gpu" and entry.split("-")[0].upper() in name.upper() \
                 and abs(memory - hw.memory_bytes) <= 0.15 * hw.memory_bytes:
             return entry
-    raise ValueError(f"which GPU is this? the catalog has no {name.strip()} with {memory / GIB:.0f} GiB; give --hardware (a "
-                     f"data/hardware YAML for it, or the nearest of {', '.join(list_hardware())})")
+    raise ValueError(f"which GPU is this? the catalog has no {name.strip()} with {memory / GIB:.0f} GiB; give "
+                     f"--hardware (a data/hardware YAML for it, or the nearest of {', '.join(list_hardware())})")
 
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
