@@ -357,10 +357,11 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
             "bf16_matmul_tflops", "achievable_memory_bandwidth_gb_per_s", "kernel_launch_us", "num_compute_units",
             "achievable_source", "comm_compute_overlap", "comm_compute_overlap_source",
             "heap_retained_activation_fraction", "heap_retained_source", "gemm_tile_elems", "gemm_tile_source",
-            "eager_bandwidth_share", "eager_bandwidth_source"}
+            "eager_bandwidth_share", "eager_bandwidth_source", "kernel_launch_source"}
 _HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops", "comm_compute_overlap",
                 "comm_compute_overlap_source", "heap_retained_activation_fraction", "heap_retained_source",
-                "gemm_tile_elems", "gemm_tile_source", "eager_bandwidth_share", "eager_bandwidth_source"}
+                "gemm_tile_elems", "gemm_tile_source", "eager_bandwidth_share", "eager_bandwidth_source",
+                "kernel_launch_source"}
 
 
 HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {

@@ -188,6 +188,21 @@ def _norm(elems: Batch, model: ModelSpec, rates: DeviceRates) -> tuple[Batch, Ba
     return elems * fwd / rates.memory_bytes_per_s, elems * bwd / rates.memory_bytes_per_s
 
 
+def _norm_kernels(model: ModelSpec, rates: DeviceRates) -> tuple[int, int]:
+    """(forward, backward) kernels of one norm: LayerNorm's fused kernel (backward: dx, then dgamma / dbeta); the
+    eager RMSNorm's aten ops as dispatched (_norm): to(float32), pow, mean, add, rsqrt, mul, to(dtype), mul forward
+    and 16 backward, two casts fewer each way for an fp32 model."""
+    if model.norm != "rmsnorm":
+        return 1, 2
+    return (8, 16) if rates.element_bytes < 4 else (6, 14)
+
+
+def _rotary_kernels(model: ModelSpec) -> tuple[int, int]:
+    """(forward, backward) kernels of the rotary embedding of q and k (_rotary): mul, neg, cat, mul, add each
+    forward; backward two muls, a neg, two slice_backwards and two adds each."""
+    return (10, 14) if model.position_embedding == "rotary" else (0, 0)
+
+
 def _rotary(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch]:
     """(forward s, backward s) of rotary position embeddings on the local q and k heads as transformers applies
     them (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, rotate_half a neg and a cat): counted under a
@@ -213,7 +228,8 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     norm_f, norm_b = _norm(hidden, model, rates)
     rope_f, rope_b = _rotary(model, tokens, tp, rates)
     fwd, bwd = 2 * norm_f + rope_f, 2 * norm_b + rope_b
-    kernels_f, kernels_b = 2, 4
+    (nk_f, nk_b), (rk_f, rk_b) = _norm_kernels(model, rates), _rotary_kernels(model)
+    kernels_f, kernels_b = 2 * nk_f + rk_f, 2 * nk_b + rk_b
     # merging the heads is a copy; the activation is GELU, or SwiGLU's SiLU and product
     fwd += _elementwise(hidden / tp, 1, 1, 0, rates)
     bwd += _elementwise(hidden / tp, 1, 1, 0, rates)
@@ -292,8 +308,9 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     gemms = 2 + (1 if model.attention == "flash" else 2)
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
-    # the norm (backward: 2), the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
-    kernels_f, kernels_b = gemms + 3 + drop + s_k, 2 * gemms + 4 + drop + s_k
+    # the norm, the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
+    nk_f, nk_b = _norm_kernels(model, rates)
+    kernels_f, kernels_b = gemms + 2 + nk_f + drop + s_k, 2 * gemms + 2 + nk_b + drop + s_k
     return (sum(x[0] for x in parts) + fwd + pair + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
             kernels_b, sum(x[2] for x in parts))
 
@@ -338,8 +355,9 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     norm_f, norm_b = _norm(hidden, model, rates)
     fwd += norms * norm_f
     bwd += norms * norm_b
-    kernels_f = (2 * gathers - 1) * int(embedding) + norms
-    kernels_b = gathers * int(embedding) + 2 * norms
+    nk_f, nk_b = _norm_kernels(model, rates)
+    kernels_f = (2 * gathers - 1) * int(embedding) + norms * nk_f
+    kernels_b = gathers * int(embedding) + norms * nk_b
     flops = 0 * hidden
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp

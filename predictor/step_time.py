@@ -28,8 +28,8 @@ from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
-from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, grad_reduction, runtime_overhead_s,
-                                              wrapper_bytes_per_param, zero3_trace)
+from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook_host_s, grad_reduction,
+                                              runtime_overhead_s, wrapper_bytes_per_param, zero3_trace)
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
@@ -233,6 +233,8 @@ def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch
         else:
             slower = total > longest
             columns, longest = tuple(np.where(slower, a, b) for a, b in zip(stage, columns)), np.maximum(total, longest)
+    hooks = backward_hook_host_s(job.model, cfg, eff)
+    columns = tuple(c + hooks if i == 4 else c for i, c in enumerate(columns))  # the host's backward
     if isinstance(micro_batch, np.ndarray):
         return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
     return tuple(float(c[0]) for c in columns)

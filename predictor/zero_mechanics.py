@@ -31,7 +31,8 @@ from zerotune.predictor.model import ModelSpec, Tensor
 
 __all__ = ["OptimizerWrapper", "ReduceKind", "Zero3Trace", "GradReduction", "optimizer_wrapper", "zero3_trace",
            "grad_reduction", "grad_bytes_per_param", "transient_fp32_grad_bytes_per_param", "wrapper_bytes_per_param",
-           "zero3_working_set_elems", "runtime_overhead_s", "STAGE0_ALLREDUCE_BUCKET_ELEMS", "adam_traffic_ratio",
+           "zero3_working_set_elems", "runtime_overhead_s", "backward_hook_host_s", "STAGE0_ALLREDUCE_BUCKET_ELEMS",
+           "adam_traffic_ratio",
            "FUSED_ADAM_BYTES_PER_PARAM", "UNFUSED_ADAM_BYTES_PER_PARAM"]
 
 OptimizerWrapper = Literal["zero", "fp16", "bf16", "none"]
@@ -239,6 +240,14 @@ def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scat
     return GradReduction(kind, calls, copies, model.num_trainable_tensors)
 
 
+def backward_hook_host_s(model: ModelSpec, cfg: DSConfig, eff: Efficiency) -> float:
+    """Host seconds per micro-step that ZeRO-1's per-parameter gradient hooks add to backward's host side
+    (Efficiency.grad_hook_host_s): one call per trainable tensor of the pipeline stage, every backward."""
+    if cfg.zero.stage != 1:
+        return 0.0
+    return model.num_trainable_tensors / cfg.pp_size * eff.grad_hook_host_s
+
+
 def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Efficiency) -> tuple[float, float]:
     """(per micro-step, per optimizer step) host seconds DeepSpeed's runtime adds to the kernels' time.
 
@@ -274,6 +283,7 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
         # runs only with partition_gradients or overlap_comm); its one pass over the gradients at the boundary
         # (reduce_gradients, 958-978) was measured free: stage 1's backward timer equals stage 0's (49.7 against
         # 50.1 ms) where stage 2's, whose hooks book every tensor inside autograd, reads 72.1 ms (H100 probes,
-        # Efficiency.grad_hook_s). Only its collectives' launches are charged.
+        # Efficiency.grad_hook_s). Only its collectives' launches are charged here; the hooks' own Python is on
+        # the host's side of backward (backward_hook_host_s), hidden where the device bounds it.
         return 0.0, per_step + red.num_calls * launch + launch
     return 0.0, per_step + red.num_calls * launch

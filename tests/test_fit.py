@@ -27,14 +27,15 @@ def _job(model: str, hardware: str, seq_len: int, num_gpus: int, num_nodes: int 
 
 
 def _synthetic(true: Efficiency, hardware: str, models: tuple[str, ...], seq_len: int, num_gpus: int,
-               precision: str, noise: float, seed: int, with_memory: bool = False) -> list[Measurement]:
+               precision: str, noise: float, seed: int, with_memory: bool = False,
+               micro_batches: tuple[int, ...] = (1, 2, 4, 8)) -> list[Measurement]:
     """Measurements the predictor itself makes with `true`, times seeded log-normal noise."""
     rng = np.random.default_rng(seed)
     out = []
     for model in models:
         job = _job(model, hardware, seq_len, num_gpus)
         for stage in (0, 1, 2, 3):
-            for micro_batch in (1, 2, 4, 8):
+            for micro_batch in micro_batches:
                 gas = 1 + (micro_batch + stage) % 3
                 cfg = DSConfig(train_micro_batch_size_per_gpu=micro_batch, gradient_accumulation_steps=gas,
                                precision=precision).replace_zero(stage=stage, overlap_comm=stage >= 2,
@@ -84,17 +85,22 @@ def test_fit_recovers_compute_curve_through_noise(seed: int) -> None:
 
 
 def test_fit_all_parameters_skips_what_single_node_data_cannot_inform() -> None:
-    data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2",), 1024, 8, "fp16", noise=0.03, seed=2)
+    # Micro-batches up to 32: GPT-2 small's steps at 1-8 are paced by the host's launches and ZeRO-1's gradient
+    # hooks (Efficiency.grad_hook_host_s), where the GEMM rate cannot show.
+    data = _synthetic(TRUE_A100, "a100-40gb", ("gpt2",), 1024, 8, "fp16", noise=0.03, seed=2,
+                      micro_batches=(1, 4, 16, 32))
     result = fit(data)
     # Single node: the inter-node link is never used; no run offloads; no memory was measured.
     for name in ("inter_node_bandwidth_efficiency", "inter_node_latency_s", "host_optimizer_params_per_s",
                  "allocator_slack_fraction", "runtime_reserved_bytes"):
         assert name in result.skipped_params
         assert getattr(result.efficiency, name) == getattr(Efficiency(), name)
-    # One precision measured: its scale carries the GEMM rate (the shared GEMM scale is the same direction),
-    # and only the product is checked to move the right way; the GEMM scale comes back alone in the tests above.
+    # One precision measured: its scale carries the GEMM rate (the shared GEMM scale is the same direction), so
+    # the product is what comes back: the planted 0.35 (0.352-0.363 over seeds 1-3); the GEMM scale comes back
+    # alone in the tests above.
     eff = result.efficiency
-    assert eff.fp16_compute_scale * eff.gemm_efficiency_scale < Efficiency().gemm_efficiency_scale
+    assert eff.fp16_compute_scale * eff.gemm_efficiency_scale == pytest.approx(TRUE_A100.gemm_efficiency_scale,
+                                                                               rel=0.1)
     assert "as fp16_compute_scale do" in result.skipped_params["gemm_efficiency_scale"]
     for unmeasured in ("fp32_compute_scale", "bf16_compute_scale"):  # not measured: not moved
         assert getattr(eff, unmeasured) == getattr(Efficiency(), unmeasured)
