@@ -154,37 +154,41 @@ def test_gemm_tile_is_a_whole_number_of_elements(tmp_path, value: str) -> None:
 @pytest.mark.parametrize("dtype_name, element_bytes", [("bfloat16", 2), ("float32", 4)])
 def test_rms_norm_and_rotary_bytes_are_what_transformers_runs(dtype_name: str, element_bytes: int) -> None:
     # ops.py's eager RMSNorm and rotary charges against a live count of the aten ops transformers' LlamaRMSNorm and
-    # apply_rotary_pos_emb dispatch, forward and backward: bytes of every tensor each op reads and writes
+    # apply_rotary_pos_emb dispatch, forward and backward: bytes of every tensor each op reads and writes, and the
+    # ops themselves (each a kernel the host launches; views launch none)
     torch = pytest.importorskip("torch")
     llama = pytest.importorskip("transformers.models.llama.modeling_llama")
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
-    from zerotune.predictor.ops import DeviceRates, _norm, _rotary
+    from zerotune.predictor.ops import DeviceRates, _norm, _norm_kernels, _rotary, _rotary_kernels
 
     class Bytes(TorchDispatchMode):
         def __init__(self, smallest: int) -> None:
             super().__init__()
-            self.moved, self.smallest = 0, smallest
+            self.moved, self.smallest, self.kernels = 0, smallest, 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
             if not func._schema.is_mutable and not any(a.alias_info for a in func._schema.returns):
                 self.moved += sum(t.numel() * t.element_size() for t in tensors if t.numel() >= self.smallest)
+                self.kernels += 1  # a view launches nothing
             return out
 
     dtype = getattr(torch, dtype_name)
     rates = DeviceRates(1.0, 1.0, 0.0, 1, element_bytes)
     tokens, hidden = 512, 256
     x = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    norm_module = llama.LlamaRMSNorm(hidden).to(dtype)
     with Bytes(tokens * hidden // 2) as fwd:
-        y = llama.LlamaRMSNorm(hidden).to(dtype)(x)
+        y = norm_module(x)
     grad = torch.ones_like(y)
     with Bytes(tokens * hidden // 2) as bwd:
         y.backward(grad)
     model = load_model("llama-2-7b")
     norm = tuple(float(t) for t in _norm(1.0, model, rates))  # bytes per element: one element at 1 byte/s
     assert norm == pytest.approx((fwd.moved / x.numel(), bwd.moved / x.numel()), rel=0.02)
+    assert _norm_kernels(model, rates) == (fwd.kernels, bwd.kernels)  # the host launches each one
 
     heads, kv_heads, seq, d = 4, 2, 128, 64
     q = torch.randn(1, heads, seq, d, dtype=dtype, requires_grad=True)
@@ -198,6 +202,7 @@ def test_rms_norm_and_rotary_bytes_are_what_transformers_runs(dtype_name: str, e
     shape = model.replace(hidden_size=heads * d, num_heads=heads, num_kv_heads=kv_heads)
     rope = tuple(float(t) for t in _rotary(shape, seq, 1, rates))
     assert rope == pytest.approx((fwd.moved, bwd.moved), rel=0.1)
+    assert _rotary_kernels(model) == (fwd.kernels, bwd.kernels)
 
 
 def test_a_causal_flash_kernel_skips_the_tiles_above_the_diagonal() -> None:
