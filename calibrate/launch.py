@@ -31,8 +31,8 @@ from typing import Any, Callable, Literal, Mapping
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
-__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify", "release_shm_buffers", "failure_reason",
-           "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
+__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
+           "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to

@@ -175,43 +175,33 @@ def causal_flash_share(model: ModelSpec, s: int) -> float:
     return (blocks + 1) / (2 * blocks)
 
 
-def _norm(elems: Batch, model: ModelSpec, rates: DeviceRates) -> tuple[Batch, Batch]:
-    """(forward s, backward s) of one norm over `elems`. LayerNorm is one fused kernel each way (read x, write y;
-    backward reads x, dy and the statistics, writes dx and reduces dgamma / dbeta). RMSNorm as transformers writes
-    it (LlamaRMSNorm, Qwen2RMSNorm, T5LayerNorm: x.to(float32), pow(2).mean(-1), x * rsqrt(var + eps),
-    .to(dtype), weight * x) runs in fp32 as separate kernels; counted op by op under a dispatch mode in torch 2.13
-    on 4096 x 1024: 16-bit forward reads 20 and writes 16 bytes per element (fp32: 16, 12), backward reads 58 and
-    writes 38 (fp32: 60, 36)."""
+def _norm(elems: Batch, model: ModelSpec, rates: DeviceRates) -> tuple[Batch, Batch, int, int]:
+    """(forward s, backward s, forward kernels, backward kernels) of one norm over `elems`. LayerNorm is one fused
+    kernel each way (read x, write y; backward reads x, dy and the statistics, writes dx, then reduces dgamma /
+    dbeta). RMSNorm as transformers writes it (LlamaRMSNorm, Qwen2RMSNorm, T5LayerNorm: x.to(float32),
+    pow(2).mean(-1), x * rsqrt(var + eps), .to(dtype), weight * x) runs in fp32 as separate kernels; counted op by
+    op under a dispatch mode in torch 2.13 on 4096 x 1024: 16-bit forward reads 20 and writes 16 bytes per element
+    (fp32: 16, 12), backward reads 58 and writes 38 (fp32: 60, 36); 8 aten ops forward and 16 backward, two casts
+    fewer each way for an fp32 model."""
     if model.norm != "rmsnorm":
-        return _elementwise(elems, 1, 1, 0, rates), _elementwise(elems, 3, 1, 0, rates)
-    fwd, bwd = (36.0, 96.0) if rates.element_bytes < 4 else (28.0, 96.0)
-    return elems * fwd / rates.memory_bytes_per_s, elems * bwd / rates.memory_bytes_per_s
+        return _elementwise(elems, 1, 1, 0, rates), _elementwise(elems, 3, 1, 0, rates), 1, 2
+    sixteen_bit = rates.element_bytes < 4
+    fwd_bytes, bwd_bytes = (36.0, 96.0) if sixteen_bit else (28.0, 96.0)
+    kernels_f, kernels_b = (8, 16) if sixteen_bit else (6, 14)
+    return (elems * fwd_bytes / rates.memory_bytes_per_s, elems * bwd_bytes / rates.memory_bytes_per_s, kernels_f,
+            kernels_b)
 
 
-def _norm_kernels(model: ModelSpec, rates: DeviceRates) -> tuple[int, int]:
-    """(forward, backward) kernels of one norm: LayerNorm's fused kernel (backward: dx, then dgamma / dbeta); the
-    eager RMSNorm's aten ops as dispatched (_norm): to(float32), pow, mean, add, rsqrt, mul, to(dtype), mul forward
-    and 16 backward, two casts fewer each way for an fp32 model."""
-    if model.norm != "rmsnorm":
-        return 1, 2
-    return (8, 16) if rates.element_bytes < 4 else (6, 14)
-
-
-def _rotary_kernels(model: ModelSpec) -> tuple[int, int]:
-    """(forward, backward) kernels of the rotary embedding of q and k (_rotary): mul, neg, cat, mul, add each
-    forward; backward two muls, a neg, two slice_backwards and two adds each."""
-    return (10, 14) if model.position_embedding == "rotary" else (0, 0)
-
-
-def _rotary(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch]:
-    """(forward s, backward s) of rotary position embeddings on the local q and k heads as transformers applies
-    them (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, rotate_half a neg and a cat): counted under a
-    dispatch mode, forward reads 5.5 and writes 4.5 elements per element of q and k, backward reads 8.5 and writes
-    7.5 (slice_backward's zero-filled halves and the adds that sum three gradients)."""
+def _rotary(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, int, int]:
+    """(forward s, backward s, forward kernels, backward kernels) of rotary position embeddings on the local q and k
+    heads as transformers applies them (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, rotate_half a neg
+    and a cat): counted under a dispatch mode, forward reads 5.5 and writes 4.5 elements per element of q and k,
+    backward reads 8.5 and writes 7.5 (slice_backward's zero-filled halves and the adds that sum three gradients);
+    mul, neg, cat, mul, add each forward, two muls, a neg, two slice_backwards and two adds each backward."""
     if model.position_embedding != "rotary":
-        return 0 * tokens, 0 * tokens
+        return 0 * tokens, 0 * tokens, 0, 0
     elems = tokens * (model.q_dim + model.kv_dim) / tp  # q and k (v is not rotated)
-    return _elementwise(elems, 5.5, 4.5, 0, rates), _elementwise(elems, 8.5, 7.5, 0, rates)
+    return _elementwise(elems, 5.5, 4.5, 0, rates), _elementwise(elems, 8.5, 7.5, 0, rates), 10, 14
 
 
 def _elementwise(elems: Batch, reads: float, writes: float, extra_bytes: Batch, rates: DeviceRates) -> Batch:
@@ -225,10 +215,9 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     hidden, inner = tokens * model.hidden_size, tokens * model.mlp_width / tp
     drop = 1 if model.dropout else 0
     # two norms and the rotary embedding of q and k
-    norm_f, norm_b = _norm(hidden, model, rates)
-    rope_f, rope_b = _rotary(model, tokens, tp, rates)
+    norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
+    rope_f, rope_b, rk_f, rk_b = _rotary(model, tokens, tp, rates)
     fwd, bwd = 2 * norm_f + rope_f, 2 * norm_b + rope_b
-    (nk_f, nk_b), (rk_f, rk_b) = _norm_kernels(model, rates), _rotary_kernels(model)
     kernels_f, kernels_b = 2 * nk_f + rk_f, 2 * nk_b + rk_b
     # merging the heads is a copy; the activation is GELU, or SwiGLU's SiLU and product
     fwd += _elementwise(hidden / tp, 1, 1, 0, rates)
@@ -302,14 +291,13 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     parts = [_linear(tokens, h, 3 * q / tp, rates, weight_grad), _linear(tokens, q / tp, h, rates, weight_grad),
              _attention(model, b, s, tp, rates)]
     hidden, drop = tokens * h, 1 if model.dropout else 0
-    norm_f, norm_b = _norm(hidden, model, rates)
+    norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
     fwd = norm_f + _elementwise(hidden / tp, 1, 1, 0, rates)
     bwd = norm_b + _elementwise(hidden / tp, 1, 1, 0, rates)
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     gemms = 2 + (1 if model.attention == "flash" else 2)
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     # the norm, the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
-    nk_f, nk_b = _norm_kernels(model, rates)
     kernels_f, kernels_b = gemms + 2 + nk_f + drop + s_k, 2 * gemms + 2 + nk_b + drop + s_k
     return (sum(x[0] for x in parts) + fwd + pair + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
             kernels_b, sum(x[2] for x in parts))
@@ -352,10 +340,9 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     if embedding:  # gathers, the adds that sum them, their backward scatter-adds
         fwd = _elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, 2 * (gathers - 1), gathers - 1, 0, rates)
         bwd = trained * _elementwise(hidden, gathers, gathers, 0, rates)
-    norm_f, norm_b = _norm(hidden, model, rates)
+    norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
     fwd += norms * norm_f
     bwd += norms * norm_b
-    nk_f, nk_b = _norm_kernels(model, rates)
     kernels_f = (2 * gathers - 1) * int(embedding) + norms * nk_f
     kernels_b = gathers * int(embedding) + norms * nk_b
     flops = 0 * hidden

@@ -233,8 +233,9 @@ def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch
         else:
             slower = total > longest
             columns, longest = tuple(np.where(slower, a, b) for a, b in zip(stage, columns)), np.maximum(total, longest)
-    hooks = backward_hook_host_s(job.model, cfg, eff)
-    columns = tuple(c + hooks if i == 4 else c for i, c in enumerate(columns))  # the host's backward
+    dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = columns
+    host_b = host_b + backward_hook_host_s(job.model, cfg, eff)
+    columns = (dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail)
     if isinstance(micro_batch, np.ndarray):
         return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
     return tuple(float(c[0]) for c in columns)
