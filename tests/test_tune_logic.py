@@ -409,12 +409,24 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
     assert profiled.seq_len == 512 and profiled.measurement is not None
     assert (profiled.measurement.step_s, profiled.measurement.peak_memory_bytes) == (pytest.approx(0.8), 2e9)
     # a script that failed before its engine started: --model would not help, the experiments would fail alike
-    with pytest.raises(ValueError, match="failed before its DeepSpeed engine started .*ValueError: boom.* deepspeed "
+    with pytest.raises(ValueError, match="failed before zerotune read its model .*ValueError: boom.* deepspeed "
                                          "with this ds_config first"):
         profile_model(settings, lambda spec: RunResult("failed", "ValueError: boom", 1, 1.0, spec.run_dir, None))
     # a run that ended cleanly without ever building an engine zerotune could read: the model must be given
     with pytest.raises(ValueError, match="could not read the model.*give --model"):
         profile_model(settings, lambda spec: RunResult("ok", "", 0, 1.0, spec.run_dir, None))
+
+    def unreadable_then_failed(spec: LaunchSpec) -> RunResult:
+        # a CNN (no repeated block to read) whose ds_config gives no optimizer and whose script passes none: the
+        # engine starts, the site writes what it could not read, and backward stops the run (seen 2026-11-27)
+        Path(f"{spec.env['ZEROTUNE_PROFILE_OUT']}.model.json").write_text(json.dumps({"structure": None,
+                                                                                      "error": "no repeated block"}))
+        return RunResult("failed", "AssertionError: must provide optimizer during init in order to use backward", 1,
+                         1.0, spec.run_dir, None)
+    # the failure comes first: --model alone would leave every experiment failing the same way
+    with pytest.raises(ValueError, match="failed after its DeepSpeed engine started .*must provide optimizer.* "
+                                         "with this ds_config first .*could not be read either.*give --model"):
+        profile_model(settings, unreadable_then_failed)
 
     def pipeline(spec: LaunchSpec) -> RunResult:  # the site saw a PipelineModule handed to deepspeed.initialize
         prefix = spec.env["ZEROTUNE_PROFILE_OUT"]
@@ -443,7 +455,7 @@ def test_the_profiling_run_keeps_the_users_gradient_accumulation(tmp_path: Path,
     def engine(spec: LaunchSpec) -> RunResult:
         ran.append(spec.ds_config)
         return RunResult("failed", "ValueError: stop here", 1, 1.0, spec.run_dir, None)
-    with pytest.raises(ValueError, match="failed before its DeepSpeed engine started"):
+    with pytest.raises(ValueError, match="failed before zerotune read its model"):
         profile_model(settings, engine)
     assert (ran[0]["train_micro_batch_size_per_gpu"], ran[0]["gradient_accumulation_steps"]) == (2, expected)
 

@@ -160,11 +160,16 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         profiled = read_profiled(prefix, name, world)
     except ValueError as exc:
         why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
-        if run.status != "ok" and not Path(f"{prefix}.model.json").is_file():  # --model would not help: it never ran
+        if run.status != "ok":  # --model would not help: the experiments would run the script the same way
             _refuse_unaccepted_mapping(run.reason, at.arg_mappings, settings, run_dir)
-            raise ValueError(f"the profiling run of {settings.command.script} failed before its DeepSpeed engine "
-                             f"started ({why}; see {run_dir}): the experiments would fail the same way; make the "
-                             f"script train under deepspeed with this ds_config first") from None
+            started = Path(f"{prefix}.model.json").is_file()
+            raise ValueError(f"the profiling run of {settings.command.script} failed "
+                             f"{'after its DeepSpeed engine started' if started else 'before zerotune read its model'}"
+                             f" ({why}; see {run_dir}):"
+                             f" the experiments would fail the same way; make the script train under deepspeed with "
+                             f"this ds_config first"
+                             + (f" (its model could not be read either, {exc}: then give --model and --seq_len)"
+                                if started else "")) from None
         raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
                          f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
     _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
