@@ -96,6 +96,22 @@ def test_one_family_off_beyond_the_band_widens_the_others_and_a_second_family_se
     assert apart.std[2] > same.std[2]
 
 
+def test_one_run_off_beyond_the_band_leaves_its_familys_other_micro_batches_a_band() -> None:
+    # One run cannot tell the cluster's or its family's error from its own micro-batch's (a profiling run at
+    # micro-batch 1 weighs per-step costs most): after family 0's micro-batch 4 measured 2x slow, its micro-batch 8
+    # keeps a band (+-0.33 in log, was 0.05) and is corrected by less than the whole error, while the run itself stays
+    # pinned to its measurement. On the CPU (2026-11-27), first experiments after such a run measured 12-26% off
+    # bands of +-5-6%. A second run of the family settles the within-family part.
+    cands = _cands()
+    one = posterior(cands, [_observe(cands, 0, 2.0)], U)
+    assert one.std[0] < 0.05 and one.mean[0] == pytest.approx(math.log(2), abs=0.02)
+    assert one.std[1] > 0.25 and 0.6 * math.log(2) < one.mean[1] < 0.95 * math.log(2)
+    within = posterior(cands, [_observe(cands, 0, 1.0)], U)  # an error within the band widens nothing
+    assert within.std[1] < 0.06
+    two = posterior(cands, [_observe(cands, 0, 2.0), _observe(cands, 1, 1.8 * 2.0)], U)
+    assert two.std[2] < one.std[2]  # equal errors at two micro-batches: the rest of the cluster narrows
+
+
 def test_two_stages_equally_off_leave_a_third_stage_wide_but_two_offload_families_do_not() -> None:
     # ZeRO stages run different code (hooks, collectives, optimizer wrappers): two stages measured 2x slow say the
     # cluster is off, not by how much a third stage is (replay, deliberately wrong model, H200 grid: 82.9% -> 90.5%
