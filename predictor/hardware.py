@@ -60,6 +60,11 @@ class HardwareSpec:
     GEMMs stream their operands at the full copy pace. Measured below 1 on Hopper (data/hardware h100-80gb, h200),
     1 where nothing measured says otherwise. Megatron's fused kernels are not charged it
     (zerotune.validate.accuracy.framework_efficiency)."""
+    dropout_rng_s_per_element: float = 0.0
+    """Seconds to draw one dropout mask element where the framework draws it outside the kernel's memory pass: on a
+    CPU rank torch's dropout draws its mask with bernoulli_ on the rank's one thread, 10-22 ns per element against
+    0.55-0.83 ns for a copy (torch 2.13, this project's CPU; data/hardware/cpu.yaml). 0 on GPUs, where the mask's
+    random numbers come from the kernel itself (Philox) and cost only its bytes."""
     gemm_tile_elems: int = 128
     """Largest output tile edge the device's GEMM kernels pad a dimension to (ops.gemm_s: tile and wave
     quantization). 128 on GPUs (cuBLAS/CUTLASS thread-block tiles); a CPU core's kernels block the output in

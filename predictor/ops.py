@@ -70,6 +70,8 @@ class DeviceRates:
     """Bandwidth a GEMM library streams its operands at: the device's achievable (copy) bandwidth, not the eager
     elementwise kernels' share of it (HardwareSpec.eager_bandwidth_share, Efficiency.memory_bandwidth_efficiency);
     0 means memory_bytes_per_s."""
+    rng_s_per_element: float = 0.0
+    """Seconds to draw one dropout mask element beyond its bytes (HardwareSpec.dropout_rng_s_per_element)."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -79,7 +81,7 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.achievable_memory_bandwidth_bytes_per_s * hw.eager_bandwidth_share
                        * eff.memory_bandwidth_efficiency, launch,
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
-                       hw.achievable_memory_bandwidth_bytes_per_s)
+                       hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -238,7 +240,7 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
         kernels_f, kernels_b = kernels_f + 2, kernels_b + 2
     # after attention and after the MLP: dropout (a 1-byte mask) and the residual add
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
-    fwd, bwd = fwd + 2 * pair, bwd + 2 * pair
+    fwd, bwd = fwd + 2 * pair + drop * 2 * hidden * rates.rng_s_per_element, bwd + 2 * pair  # masks drawn forward
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     return fwd + s_f, bwd + s_b, kernels_f + s_k + 2, kernels_b + s_k + 2  # + bias adds the GEMM epilogue does not fuse
@@ -251,7 +253,7 @@ def _eager_scores(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRate
         return 0 * b, 0 * b, 0
     drop = 1 if model.dropout else 0
     scores, passes = b * model.num_heads / tp * s * s, 3 + drop
-    return (_elementwise(scores, passes, passes, drop * scores, rates),
+    return (_elementwise(scores, passes, passes, drop * scores, rates) + drop * scores * rates.rng_s_per_element,
             _elementwise(scores, passes + 1, passes, drop * scores, rates), passes)
 
 
@@ -299,7 +301,8 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     # the norm, the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
     kernels_f, kernels_b = gemms + 2 + nk_f + drop + s_k, 2 * gemms + 2 + nk_b + drop + s_k
-    return (sum(x[0] for x in parts) + fwd + pair + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
+    rng = drop * hidden * rates.rng_s_per_element  # the residual dropout's mask, drawn forward
+    return (sum(x[0] for x in parts) + fwd + pair + rng + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
             kernels_b, sum(x[2] for x in parts))
 
 

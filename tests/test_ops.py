@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -216,3 +218,21 @@ def test_a_causal_flash_kernel_skips_the_tiles_above_the_diagonal() -> None:
     assert causal_flash_share(llama, 64) == 1.0
     assert causal_flash_share(llama.replace(position_embedding="none"), 1024) == 1.0
     assert causal_flash_share(load_model("bert-base"), 1024) == 1.0
+
+
+def test_a_cpu_rank_pays_for_its_dropout_masks_random_numbers_and_a_gpu_only_for_their_bytes() -> None:
+    """Source: data/hardware/cpu.yaml dropout_rng_source (torch 2.13 on this project's CPU: dropout 10-22 ns an
+    element, a copy under 1 ns; the encoder fixture's forward 90-130 ms longer with dropout 0.1 than 0 at micro-batch
+    4). Each block draws a mask for its two residual dropouts (hidden elements each) and, under eager attention, one
+    for the attention probabilities (heads x s x s per sample); backward only multiplies by the masks."""
+    model = load_model("bert-base").replace(attention="eager", dropout=True)
+    b, s, h, heads = 4, 128, model.hidden_size, model.num_heads
+    cpu = device_rates(load_hardware("cpu"), "fp32", Efficiency())
+    assert cpu.rng_s_per_element == pytest.approx(15e-9)
+    with_drop, without = layer_times(model, b, s, 1, cpu), layer_times(model.replace(dropout=False), b, s, 1, cpu)
+    masked = 2 * b * s * h + b * heads * s * s
+    bytes_only = layer_times(model, b, s, 1, replace(cpu, rng_s_per_element=0.0))
+    assert with_drop.forward_s - bytes_only.forward_s == pytest.approx(masked * 15e-9, rel=1e-6)
+    assert with_drop.backward_s == pytest.approx(bytes_only.backward_s) and with_drop.forward_s > without.forward_s
+    gpu = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())
+    assert gpu.rng_s_per_element == 0.0  # drawn inside the kernel: bytes only
