@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.tools import ROOT, with_root
+
 SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
 _AUTOTUNING = {"enabled": True, "start_profile_step": 2, "end_profile_step": 6,
                "max_train_micro_batch_size_per_gpu": 32}
@@ -130,7 +131,7 @@ def run_one(script: Script, out: Path, timeout_s: float) -> Row:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "ds_config.json"
     config.write_text(json.dumps(ds_config(script), indent=1))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    env = {**os.environ, "PYTHONPATH": with_root(os.environ.get("PYTHONPATH", ""))}
     try:
         done = subprocess.run(tune_command(script, config), cwd=folder, env=env, capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)

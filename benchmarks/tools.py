@@ -23,7 +23,8 @@ from benchmarks.jobs import BenchJob, script_args, user_ds_config, workload
 from zerotune.calibrate.launch import deepspeed_executable
 
 __all__ = ["Tool", "Experiment", "ToolRun", "cpu_env", "run_env", "deepspeed_tune_command",
-           "zerotune_tune_command", "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops"]
+           "zerotune_tune_command", "run_tool", "read_experiments", "metric_key", "extensions_dir", "build_ops",
+           "with_root", "ROOT"]
 
 ROOT = Path(__file__).resolve().parent.parent
 Tool = Literal["deepspeed", "zerotune"]
@@ -132,7 +133,7 @@ def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float)
     start = time.monotonic()
     with (folder / "tool_stdout.log").open("wb") as out, (folder / "tool_stderr.log").open("wb") as err:
         proc = subprocess.Popen(cmd, cwd=folder, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env, "PYTHONPATH": _with_root(os.environ.get("PYTHONPATH", ""))},
+                                env={**os.environ, **env, "PYTHONPATH": with_root(os.environ.get("PYTHONPATH", ""))},
                                 start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s), time.monotonic() - start
@@ -142,7 +143,7 @@ def _run(cmd: list[str], folder: Path, env: Mapping[str, str], timeout_s: float)
             return None, time.monotonic() - start
 
 
-def _with_root(pythonpath: str) -> str:
+def with_root(pythonpath: str) -> str:
     """The repository first on the tools' PYTHONPATH (benchmarks.ds_workload), the caller's paths kept after it
     (a DeepSpeed installed with pip --target is found only through them)."""
     return os.pathsep.join(p for p in (str(ROOT), pythonpath) if p)

@@ -19,7 +19,7 @@ import yaml
 
 from zerotune.predictor.hardware import HardwareSpec
 from zerotune.predictor.model import ModelSpec
-from zerotune.predictor.units import GIB, GIGA, MICRO, TERA
+from zerotune.predictor.units import GIB, GIGA, MICRO, NANO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware",
            "model_from_hf_config", "model_from_hf_dict", "nearest", "safe_name", "MODEL_LIMITS", "HARDWARE_LIMITS"]
@@ -461,6 +461,6 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
                          else HardwareSpec.gemm_tile_elems),
         eager_bandwidth_share=(_number(path, doc, "eager_bandwidth_share") if "eager_bandwidth_share" in doc
                                else HardwareSpec.eager_bandwidth_share),
-        dropout_rng_s_per_element=(_number(path, doc, "dropout_rng_ns_per_element") * 1e-9
+        dropout_rng_s_per_element=(_number(path, doc, "dropout_rng_ns_per_element") * NANO
                                    if "dropout_rng_ns_per_element" in doc else 0.0),
     )

@@ -206,6 +206,12 @@ def _rotary(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tup
     return _elementwise(elems, 5.5, 4.5, 0, rates), _elementwise(elems, 8.5, 7.5, 0, rates), 10, 14
 
 
+def _mask_draws(elems: Batch, rates: DeviceRates) -> Batch:
+    """Seconds to draw `elems` dropout mask elements beyond their bytes, in forward only (backward multiplies by the
+    saved mask; recompute draws them again as its forward): DeviceRates.rng_s_per_element, 0 on GPUs."""
+    return elems * rates.rng_s_per_element
+
+
 def _elementwise(elems: Batch, reads: float, writes: float, extra_bytes: Batch, rates: DeviceRates) -> Batch:
     return (elems * (reads + writes) * rates.element_bytes + extra_bytes) / rates.memory_bytes_per_s
 
@@ -240,7 +246,7 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
         kernels_f, kernels_b = kernels_f + 2, kernels_b + 2
     # after attention and after the MLP: dropout (a 1-byte mask) and the residual add
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
-    fwd, bwd = fwd + 2 * pair + drop * 2 * hidden * rates.rng_s_per_element, bwd + 2 * pair  # masks drawn forward
+    fwd, bwd = fwd + 2 * pair + drop * _mask_draws(2 * hidden, rates), bwd + 2 * pair
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     return fwd + s_f, bwd + s_b, kernels_f + s_k + 2, kernels_b + s_k + 2  # + bias adds the GEMM epilogue does not fuse
@@ -253,7 +259,7 @@ def _eager_scores(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRate
         return 0 * b, 0 * b, 0
     drop = 1 if model.dropout else 0
     scores, passes = b * model.num_heads / tp * s * s, 3 + drop
-    return (_elementwise(scores, passes, passes, drop * scores, rates) + drop * scores * rates.rng_s_per_element,
+    return (_elementwise(scores, passes, passes, drop * scores, rates) + drop * _mask_draws(scores, rates),
             _elementwise(scores, passes + 1, passes, drop * scores, rates), passes)
 
 
@@ -301,8 +307,8 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     # the norm, the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
     kernels_f, kernels_b = gemms + 2 + nk_f + drop + s_k, 2 * gemms + 2 + nk_b + drop + s_k
-    rng = drop * hidden * rates.rng_s_per_element  # the residual dropout's mask, drawn forward
-    return (sum(x[0] for x in parts) + fwd + pair + rng + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
+    fwd += pair + drop * _mask_draws(hidden, rates)
+    return (sum(x[0] for x in parts) + fwd + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
             kernels_b, sum(x[2] for x in parts))
 
 

@@ -14,7 +14,7 @@ from benchmarks.ds_workload import config_argument_to_file
 from benchmarks.jobs import JOBS, QUICK_JOB, grid_points, script_args, user_ds_config
 from benchmarks.measure import Remeasured, config_name, grid_configs
 from benchmarks.report import JobResult, format_markdown, grid_best, grid_score, kept_user_zero, metric_ratio
-from benchmarks.tools import ToolRun, _with_root, cpu_env, read_experiments, run_env, zerotune_tune_command
+from benchmarks.tools import ToolRun, with_root, cpu_env, read_experiments, run_env, zerotune_tune_command
 from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import parse_ds_config
 from zerotune.validate.settings import DEFAULT_TOP_K
@@ -247,5 +247,5 @@ def test_a_gpu_job_runs_on_the_detected_accelerator_with_the_callers_python_path
     env = run_env(JOBS["gpu"])
     assert "DS_ACCELERATOR" not in env and env["PATH"].endswith(os.environ["PATH"])
     assert run_env(JOBS["builtin"])["DS_ACCELERATOR"] == "cpu"
-    assert _with_root(os.environ["PYTHONPATH"]).split(os.pathsep)[1:] == ["/tmp/site"]
+    assert with_root(os.environ["PYTHONPATH"]).split(os.pathsep)[1:] == ["/tmp/site"]
     assert zerotune_tune_command(JOBS["gpu"], Path("ds.json"))[4:8] == ["--num_gpus", "1", "--hardware", "h200"]

@@ -239,9 +239,9 @@ def _excess(errors: np.ndarray, labels: Sequence[FamilyKey], log_mb: np.ndarray,
     mean = float(np.mean(means))
     if len(means) == 1:
         beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - within / len(errors) - mean_noise)
-        share = 3 if len(errors) == 1 else 2  # one run: its own micro-batch may be what is off
-        return {"common": prior["common"] + beyond / share, "specific": prior["specific"] + beyond / share,
-                "within": within, "slope": slope, "stage": 0.0, "micro_batch": beyond / 3 if share == 3 else 0.0}
+        parts = 3 if len(errors) == 1 else 2  # one run: its own micro-batch may be what is off
+        return {"common": prior["common"] + beyond / parts, "specific": prior["specific"] + beyond / parts,
+                "within": within, "slope": slope, "stage": 0.0, "micro_batch": beyond / parts if parts == 3 else 0.0}
     specific = max(prior["specific"], float(np.var(means, ddof=1)) - mean_noise)
     beyond = max(0.0, mean ** 2 - prior["common"] - prior["specific"] - mean_noise)
     return {"common": max(prior["common"], mean ** 2 - specific / len(means) - mean_noise / len(means)),
