@@ -79,7 +79,10 @@ def logits_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act_bytes: in
     The model returns logits (16-bit in mixed precision), the loss upcasts them to fp32 (Hugging Face
     casts logits.float() before cross-entropy), log-softmax keeps its fp32 output for backward, and the
     first backward op allocates the fp32 gradient of the logits: d + 4 + 4 + 4 bytes per element in mixed
-    precision, 4 + 4 + 4 in fp32 (the upcast is a no-op there).
+    precision, 4 + 4 + 4 in fp32 (the upcast is a no-op there). A fused cross-entropy (ModelSpec.cross_entropy)
+    keeps the logits and writes their gradient in the same dtype: d + d.
     """
+    if model.cross_entropy == "fused":
+        return float(model.vocab_size * 2 * act_bytes * seq_len * micro_batch / tp)
     per_elem = (act_bytes if act_bytes < FP32_BYTES else 0) + 3 * FP32_BYTES
     return float(model.vocab_size * per_elem * seq_len * micro_batch / tp)

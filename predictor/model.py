@@ -63,6 +63,12 @@ class ModelSpec:
     """How attention runs: 'eager' materialises the s x s scores, softmax and its dropout mask per head
     (Korthikanti's 5as^2b term); 'flash' (FlashAttention, PyTorch's scaled_dot_product_attention) keeps only the
     row-wise log-sum-exp and regenerates the rest in backward (Dao et al. 2022, sec. 3.1)."""
+    cross_entropy: Literal["eager", "fused"] = "eager"
+    """How a vocabulary head's loss runs: 'eager' as Hugging Face's models compute it (the logits cast to fp32,
+    shifted into a contiguous copy, a log-softmax whose fp32 output backward keeps, an fp32 gradient); 'fused' one
+    kernel each way over the 16-bit logits that keeps only each row's log-sum-exp and writes the logits' gradient
+    in their own dtype (flash-attn's losses/cross_entropy.py CrossEntropyLoss, the default loss of llm-foundry's
+    MPT: llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM loss_fn='fused_crossentropy')."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings."""
     embedding_norm: bool = False

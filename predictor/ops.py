@@ -358,8 +358,12 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp
         f_s, b_s, flops = _linear(tokens, model.hidden_size, model.vocab_size / tp, rates, trained)
-        # cross-entropy: a contiguous copy of the shifted logits and a log-softmax; backward the reverse
-        fwd += f_s + _elementwise(logits, 2, 2, 0, rates)
-        bwd += b_s + _elementwise(logits, 3, 2, 0, rates)
-        kernels_f, kernels_b = kernels_f + 4, kernels_b + 5
+        if model.cross_entropy == "fused":  # one kernel reads the logits; backward reads them, writes the gradient
+            fwd += f_s + _elementwise(logits, 1, 0, 0, rates)
+            bwd += b_s + _elementwise(logits, 1, 1, 0, rates)
+            kernels_f, kernels_b = kernels_f + 1, kernels_b + 1
+        else:  # a contiguous copy of the shifted logits and a log-softmax; backward the reverse
+            fwd += f_s + _elementwise(logits, 2, 2, 0, rates)
+            bwd += b_s + _elementwise(logits, 3, 2, 0, rates)
+            kernels_f, kernels_b = kernels_f + 4, kernels_b + 5
     return PhaseTimes(fwd, bwd, kernels_f, kernels_b, flops, BACKWARD_PER_FORWARD * flops)

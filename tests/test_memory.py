@@ -193,6 +193,21 @@ def test_a_classification_head_holds_no_vocabulary_logits() -> None:
     assert mem.breakdown_bytes["logits"] == 0.0 and mem.fits
 
 
+def test_a_fused_cross_entropy_keeps_the_16_bit_logits_and_their_gradient_only() -> None:
+    # flash-attn's CrossEntropyLoss (llm-foundry's MPT default loss) saves the bf16 logits and each row's
+    # log-sum-exp and writes the gradient in bf16: 2 + 2 bytes a logit against Hugging Face's 2 + 4 + 4 + 4. MPT-7B
+    # trained at micro-batch 1 x 65,536 tokens a GPU with FSDP on 8 H100-80GB (llmfoundry_mpt_fsdp.jsonl; 50,368 x
+    # 65,536 logits are 6.1 GiB in bf16), where the eager loss alone would hold 43 GiB.
+    job = make_job("gpt2", "h100-80gb", 1, 8, seq_len=1024)
+    model = job.model.replace(vocab_size=50368, max_position_embeddings=65536)
+    job = dataclasses.replace(job, model=model, seq_len=65536)
+    cfg = DSConfig(precision="bf16", train_micro_batch_size_per_gpu=1, zero=ZeroConfig(stage=3))
+    eager = estimate_memory(dataclasses.replace(job, model=model), cfg).breakdown_bytes["logits"]
+    fused = estimate_memory(dataclasses.replace(job, model=model.replace(cross_entropy="fused")), cfg)
+    assert fused.breakdown_bytes["logits"] == pytest.approx(50368 * 65536 * (2 + 2), rel=1e-9)
+    assert eager == pytest.approx(50368 * 65536 * (2 + 4 + 4 + 4), rel=1e-9)
+
+
 def _lora(job: Job, rank: int = 8) -> tuple[Job, int]:
     """The job's model frozen whole, with rank-`rank` adapters on two h x h maps a block (LoRA on q and v)."""
     m = job.model

@@ -236,3 +236,18 @@ def test_a_cpu_rank_pays_for_its_dropout_masks_random_numbers_and_a_gpu_only_for
     assert with_drop.backward_s == pytest.approx(bytes_only.backward_s) and with_drop.forward_s > without.forward_s
     gpu = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())
     assert gpu.rng_s_per_element == 0.0  # drawn inside the kernel: bytes only
+
+
+def test_a_fused_cross_entropy_passes_over_the_logits_once_each_way() -> None:
+    # flash-attn's CrossEntropyLoss: forward reads the 16-bit logits once (loss and log-sum-exp), backward reads
+    # them and writes their gradient; Hugging Face's eager loss copies and log-softmaxes them (2 + 2 passes
+    # forward, 3 + 2 backward). At 8 x 2048 tokens and a 50,368 vocabulary the head's GEMMs are the same.
+    hw = load_hardware("h100-80gb")
+    model = load_model("gpt2").replace(vocab_size=50368, max_position_embeddings=2048)
+    rates = device_rates(hw, "bf16", Efficiency())
+    eager = outer_times(model, 8, 2048, 1, rates, False)
+    fused = outer_times(model.replace(cross_entropy="fused"), 8, 2048, 1, rates, False)
+    logits_bytes = 8 * 2048 * 50368 * 2
+    assert eager.forward_s - fused.forward_s == pytest.approx(3 * logits_bytes / rates.memory_bytes_per_s, rel=1e-6)
+    assert eager.backward_s - fused.backward_s == pytest.approx(3 * logits_bytes / rates.memory_bytes_per_s, rel=1e-6)
+    assert fused.forward_flops == eager.forward_flops

@@ -200,9 +200,16 @@ def model_spec(fields: dict[str, Any], seq_len: int, source: str, framework: str
     # MPT adds ALiBi biases to the scores and has no position table (mosaicml/mpt-7b config.json attn_config
     # "alibi": true; llm-foundry's pretraining yamls likewise)
     positions = "none" if name.upper().startswith("MPT-") else "learned"
-    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
+    spec = ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
                      ffn_hidden_size=ffn, vocab_size=vocab, max_position_embeddings=seq_len,
                      position_embedding=positions, source=source)
+    if "llm-foundry" in framework:
+        # llm-foundry's MPT trains without dropout (llmfoundry/models/mpt/configuration_mpt.py: resid_pdrop and
+        # emb_pdrop 0.0; utils/config_defaults.py attn_pdrop 0.0; the benchmark yamls set none) and takes its
+        # loss from flash-attn's fused cross-entropy (modeling_mpt.py ComposerMPTCausalLM loss_fn default
+        # 'fused_crossentropy'), at llm-foundry@8c8dd48f7, the benchmark tables' commit
+        spec = spec.replace(dropout=False, cross_entropy="fused")
+    return spec
 
 
 def _unsupported(row: dict[str, Any]) -> str | None:
