@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Literal
+from functools import cache, cached_property
+from typing import Literal, get_args, get_type_hints
 
 __all__ = ["ModelSpec", "Tensor", "PositionEmbedding", "Norm", "Head"]
 
@@ -127,6 +127,10 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        for field, choices in _choices().items():
+            if getattr(self, field) not in choices:
+                raise ValueError(f"model {self.name!r}: {field} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, field)!r}")
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
@@ -321,3 +325,12 @@ class ModelSpec:
     def cross_attention_share(self) -> float:
         """Cross-attention sub-blocks per block, on average."""
         return self.cross_attention_layers / self.num_layers
+
+
+@cache
+def _choices() -> dict[str, tuple[str, ...]]:
+    """ModelSpec's fields that take one of a few strings, with those strings (their Literal types): a model YAML
+    that misspells one is refused, not read as the default's neighbour."""
+    hints = get_type_hints(ModelSpec)
+    return {f.name: get_args(hints[f.name]) for f in dataclasses.fields(ModelSpec)
+            if getattr(hints[f.name], "__origin__", None) is Literal}

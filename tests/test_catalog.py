@@ -415,3 +415,15 @@ def test_hf_config_dropout_rates_of_zero_mean_no_dropout(tmp_path: Path) -> None
             "attention_probs_dropout_prob": 0.1}
     assert not load_model(str(_write_config(tmp_path, "neox", neox))).dropout
     assert load_model(str(_write_config(tmp_path, "bert", bert))).dropout
+
+
+@pytest.mark.parametrize("field,value", [("cross_entropy", "fusd"), ("attention", "sdpa"), ("norm", "LayerNorm")])
+def test_a_model_yaml_with_a_misspelt_choice_is_refused_naming_the_field(tmp_path: Path, field: str,
+                                                                         value: str) -> None:
+    # a Literal field read as a string it does not list would be costed as whatever the code's else-branch does
+    doc = yaml.safe_load((data_dir() / "models" / "gpt2.yaml").read_text())
+    doc.update({field: value, "name": "gpt2-typo"})
+    path = tmp_path / "gpt2-typo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ValueError, match=f"{field} must be one of .*got '{value}'"):
+        load_model(str(path))
