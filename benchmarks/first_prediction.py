@@ -47,6 +47,8 @@ class Script:
     """"loop" (--deepspeed --deepspeed_config), "flag" (its own --batch_size, arg_mappings) or "trainer"."""
     ds_optimizer: bool = False
     """The script takes its optimizer from the ds_config's optimizer section."""
+    script_args: tuple[str, ...] = ()
+    """More of the script's own arguments (the Trainer's --gradient_checkpointing)."""
 
 
 SCRIPT_LIST = (
@@ -54,6 +56,9 @@ SCRIPT_LIST = (
     Script("hfloop", "hf_causal_lm_loop.py", "loop"), Script("neox", "neox_loop.py", "loop"),
     Script("vit", "vit_classifier.py", "loop"), Script("lora", "lora_finetune.py", "loop", ds_optimizer=True),
     Script("bert_trainer", "hf_trainer_mlm.py", "trainer"), Script("gpt2_trainer", "gpt2_trainer_clm.py", "trainer"),
+    Script("t5_trainer", "t5_seq2seq_trainer.py", "trainer"),
+    Script("bert_cls_ckpt", "bert_cls_trainer.py", "trainer", script_args=("--gradient_checkpointing",)),
+    Script("moe", "mixtral_moe_loop.py", "loop"),
 )
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"
 _PROFILE = re.compile(rf"profiling run (\S+): measured {_NUMBER} samples/s, predicted {_NUMBER} \(band {_NUMBER}-"
@@ -109,10 +114,10 @@ def tune_command(script: Script, config: Path) -> list[str]:
     path = str(SCRIPTS / script.file)
     base = [sys.executable, "-m", "zerotune.cli", "tune", "--num_gpus", "2", "--hardware", "cpu", "--top_k", "1", path]
     if script.style == "trainer":
-        return base + ["--deepspeed", str(config), *_TRAINER_FLAGS]
+        return base + ["--deepspeed", str(config), *_TRAINER_FLAGS, *script.script_args]
     if script.style == "flag":
-        return base + ["--deepspeed_config", str(config), "--steps", "7"]
-    return base + ["--deepspeed", "--deepspeed_config", str(config)]
+        return base + ["--deepspeed_config", str(config), "--steps", "7", *script.script_args]
+    return base + ["--deepspeed", "--deepspeed_config", str(config), *script.script_args]
 
 
 def read_log(text: str) -> tuple[Landing | None, Landing | None]:
