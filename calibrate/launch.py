@@ -32,7 +32,8 @@ from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
-           "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S"]
+           "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
+           "step_phase_times_s", "tail_text"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
@@ -130,6 +131,19 @@ def step_times_s(stdout: str, train_batch_size: int) -> tuple[float, ...]:
     return tuple(times[step] for step in sorted(times))
 
 
+_UPDATE_LINE = re.compile(r"time \(ms\) \|[^\n]*?optimizer_step: ([0-9.]+)")
+"""ZeRO 1-3's optimizer timers line (runtime/zero/stage_1_and_2.py and stage3.py: OPTIMIZER_STEP_TIMER around the
+wrapped optimizer's step, the update alone; beside it optimizer_gradients and optimizer_allgather), printed by rank 0
+at every optimizer step with wall_clock_breakdown on."""
+
+
+def step_phase_times_s(stdout: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(the engine's step timer, ZeRO's optimizer_step timer) seconds per optimizer step, in order, as printed;
+    the second is empty for ZeRO-0, whose engine times the optimizer's step only as a whole."""
+    steps = tuple(float(m.group(3)) / 1e3 for m in _TIMER_LINE.finditer(stdout))
+    return steps, tuple(float(m.group(1)) / 1e3 for m in _UPDATE_LINE.finditer(stdout))
+
+
 def free_port() -> int:
     """A TCP port free right now on this host, for the launcher's --master_port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -222,7 +236,8 @@ def _reap_group(pgid: int) -> None:
         pass
 
 
-def _tail(path: Path, num_bytes: int = 200_000) -> str:
+def tail_text(path: Path, num_bytes: int = 200_000) -> str:
+    """The last num_bytes of a log file as text (empty when it does not exist)."""
     if not path.exists():
         return ""
     with path.open("rb") as f:
@@ -389,15 +404,15 @@ def launch(spec: LaunchSpec) -> RunResult:
         release_shm_buffers(spec.master_port)
     wall_s = time.monotonic() - start
     returncode = None if timed_out else proc.returncode
-    status, reason, metrics = classify(returncode, timed_out, _tail(spec.run_dir / "stdout.log"),
-                                       _tail(spec.run_dir / "stderr.log"), spec.memory_limit_bytes is not None,
+    status, reason, metrics = classify(returncode, timed_out, tail_text(spec.run_dir / "stdout.log"),
+                                       tail_text(spec.run_dir / "stderr.log"), spec.memory_limit_bytes is not None,
                                        spec.run_dir / "metrics.json")
     if timed_out:
         reason = f"no result within {spec.timeout_s:g} s; the launcher and its ranks were killed"
     if stop_reason:
         return RunResult("stopped", stop_reason, None, wall_s, spec.run_dir, None, steps)
     batch = spec.ds_config.get("train_batch_size")
-    printed = step_times_s(_tail(spec.run_dir / "stdout.log"), batch) if isinstance(batch, int) else ()
+    printed = step_times_s(tail_text(spec.run_dir / "stdout.log"), batch) if isinstance(batch, int) else ()
     return RunResult(status, reason, returncode, wall_s, spec.run_dir, metrics, printed)  # type: ignore[arg-type]
 
 
@@ -414,7 +429,7 @@ def _wait(proc: subprocess.Popen[bytes], spec: LaunchSpec) -> tuple[bool, str | 
             if time.monotonic() >= deadline:
                 return True, None, ()
         if spec.stop_rule is not None and isinstance(batch, int):
-            steps = step_times_s(_tail(spec.run_dir / "stdout.log"), batch)
+            steps = step_times_s(tail_text(spec.run_dir / "stdout.log"), batch)
             reason = spec.stop_rule(steps) if steps else None
             if reason:
                 return False, reason, steps

@@ -33,7 +33,8 @@ from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
-           "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages"]
+           "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages",
+           "optimizer_update_s"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "pipeline_p2p", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")
@@ -370,7 +371,7 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     z, hw = cfg.zero, job.cluster.hardware
     n_dp = cfg.dp_size(job.cluster.world_size)
     shard = n_dp if z.stage >= 1 else 1
-    partition = job.model.num_trainable_params / cfg.model_parallel_size / shard  # what the optimizer updates
+    partition = _update_partition(job, cfg)
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     # ZeRO-Infinity parameter offload: each rank's partition, frozen parameters included, crosses to the device
     # for every forward and every backward of every micro-step (Rajbhandari et al. 2021, sec. 5).
@@ -387,6 +388,29 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     transfers = partition * (g + p) / hw.host_to_device_bandwidth_bytes_per_s
     host_adam = partition * job.cluster.num_gpus_per_node / eff.host_optimizer_params_per_s
     return 0.0, offload + transfers + host_adam
+
+
+def _update_partition(job: Job, cfg: DSConfig) -> float:
+    """Trainable parameters the optimizer updates on one rank: its partition under ZeRO 1-3."""
+    shard = cfg.dp_size(job.cluster.world_size) if cfg.zero.stage >= 1 else 1
+    return job.model.num_trainable_params / cfg.model_parallel_size / shard
+
+
+def optimizer_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
+    """(the optimizer's own update, the rest of DeepSpeed's step phase) seconds per optimizer step, as the engine's
+    timers split them: ZeRO 1-3 time the wrapped optimizer's step alone (optimizer_step: Adam's traffic,
+    Efficiency.optimizer_bytes_per_param), beside the gradients' unscale and norm and the all-gather of the updated
+    partitions; the engine's step timer holds them all, with the per-step bookkeeping. The update is 0 where the
+    optimizer runs on the host (offload)."""
+    if cfg.zero.offload_optimizer.device != "none":
+        return 0.0, 0.0
+    n_dp, partition = cfg.dp_size(job.cluster.world_size), _update_partition(job, cfg)
+    bandwidth = job.cluster.hardware.memory_bandwidth_bytes_per_s
+    update = partition * eff.optimizer_bytes_per_param * adam_traffic_ratio(cfg) / bandwidth
+    wrapper = partition * wrapper_bytes_per_param(cfg) / bandwidth
+    link = data_parallel_link(job, eff)
+    gather = sum(collective_s(c, n_dp, *link, eff) for c in data_parallel_collectives(job, cfg) if c.phase == "after_step")
+    return update, wrapper + gather + _overheads_s(job, cfg, eff)[1]
 
 
 def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:

@@ -122,3 +122,14 @@ def test_a_real_run_is_stopped_on_its_logged_steps(tmp_path: Path) -> None:
     assert all(0 < s < 60 for s in result.step_times_s)
     assert not (result.run_dir / "metrics.json").exists()  # it never reached its end
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{spec.master_port}_*"))
+
+
+def test_the_step_phase_and_zero_update_timers_come_from_the_engines_lines() -> None:
+    # DeepSpeed 0.19.8's lines from a ZeRO-1 profiling run on this machine (tests/fixtures/scripts/mixtral_moe_loop.py):
+    # the engine's global timers, then ZeRO's optimizer timers (stage_1_and_2.py: the update alone is optimizer_step)
+    from zerotune.calibrate.launch import step_phase_times_s
+    zero1 = TIMER_LINES + ("[Rank 0] time (ms) | optimizer_allgather: 67.28 | optimizer_gradients: 8.71 | "
+                           "optimizer_step: 62.36\n")
+    steps, updates = step_phase_times_s(zero1)
+    assert steps == pytest.approx((0.00419, 0.002)) and updates == pytest.approx((0.06236,))
+    assert step_phase_times_s(TIMER_LINES)[1] == ()  # ZeRO-0: no update timer of its own

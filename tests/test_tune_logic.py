@@ -785,3 +785,42 @@ def test_tune_on_a_gpu_without_hardware_uses_the_catalog_gpu_nvidia_smi_names(li
 def test_a_gpu_the_catalog_lacks_is_named_and_hardware_asked_for(line: str, named: str) -> None:
     with pytest.raises(ValueError, match=f"which GPU is this\\? .*{named}.*give --hardware"):
         detected_gpu(line)
+
+
+def test_the_profiling_runs_timed_update_rescales_every_configurations_optimizer_step() -> None:
+    # Unfused torch AdamW on this VM: the profiling runs of 2026-11-27 timed ZeRO-1's optimizer_step at 2.4-4x the
+    # model's update (tests/fixtures/scripts: t5 24 ms against 7, mixtral 48 against 9). The update is per parameter
+    # of the partition, so the ratio carries to other stages and micro-batches; the rest of the step is untouched.
+    from dataclasses import replace
+    from zerotune.calibrate.measurement import Measurement
+    from zerotune.predictor import estimate
+    from zerotune.predictor.step_time import optimizer_update_s
+    from zerotune.validate.calibration import MAX_PACE_RATIO, calibration_for, update_paced
+    from tests.conftest import make_job
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "zt-gpt-small",
+                            "cpu", 2)
+    job = make_job("zt-gpt-small", "cpu", 1, 2, seq_len=128)
+    model = calibration_for(settings, lambda _: None)
+    z1 = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}, world_size=2)
+    update, rest = optimizer_update_s(job, z1, model.efficiency)
+    assert update + rest > estimate(job, z1, model.efficiency).time.breakdown_s["optimizer_step"] >= update > 0
+    run = Measurement(model="zt-gpt-small", hardware="cpu", num_nodes=1, num_gpus_per_node=2, seq_len=128, config=z1,
+                      status="ok", step_s=1.0)
+    lines: list[str] = []
+    timed = update_paced(model, job, [run], replace(settings, profiled_update_s=3 * update), lines.append)
+    assert timed.efficiency.optimizer_bytes_per_param == pytest.approx(3 * model.efficiency.optimizer_bytes_per_param)
+    assert replace(timed.efficiency, optimizer_bytes_per_param=model.efficiency.optimizer_bytes_per_param) == \
+        model.efficiency and "x3 as long" in lines[0]
+    z0 = parse_ds_config({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 0}}, world_size=2)
+    before, after = (optimizer_update_s(job, z0, m.efficiency)[0] for m in (model, timed))
+    assert after == pytest.approx(3 * before)  # ZeRO-0 updates the whole model, three times as long too
+    # ZeRO-0's engine times the step as a whole: the rest of the step phase comes off first
+    z0_run = replace(run, config=z0.replace(train_micro_batch_size_per_gpu=1))
+    u0, r0 = optimizer_update_s(job, z0_run.config, model.efficiency)
+    whole = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=r0 + 2 * u0), lines.append)
+    assert whole.efficiency.optimizer_bytes_per_param == pytest.approx(2 * model.efficiency.optimizer_bytes_per_param)
+    far = update_paced(model, job, [run], replace(settings, profiled_update_s=100 * update), lines.append)
+    assert far.efficiency.optimizer_bytes_per_param == pytest.approx(MAX_PACE_RATIO * model.efficiency.optimizer_bytes_per_param)
+    # no profiling run, or no timers: unchanged
+    assert update_paced(model, job, [], replace(settings, profiled_update_s=3 * update), lines.append) == model
+    assert update_paced(model, job, [run], settings, lines.append) == model

@@ -7,11 +7,14 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile, profile_measurements
-from zerotune.predictor import Efficiency, load_hardware
+from zerotune.calibrate.measurement import Measurement
+from zerotune.predictor import Efficiency, Job, load_hardware
+from zerotune.predictor.step_time import optimizer_update_s
 from zerotune.predictor.rank import Uncertainty
+from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
 __all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "MODEL_TRANSFER_REL",
@@ -141,6 +144,31 @@ def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]
             f"{then_copy / 1e9:.3g} in the calibration: memory-bound kernels predicted x{ratio:.3g} as fast")
         eff = replace(eff, memory_bandwidth_efficiency=eff.memory_bandwidth_efficiency * ratio)
     return replace(model, efficiency=eff)
+
+
+def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], settings: TuneSettings,
+                 log: Callable[[str], None]) -> Calibration:
+    """The model with the optimizer's update scaled to what the profiling run's engine timed it at (its step
+    phase does not depend on the micro-batch, so it carries to every configuration, by the partition each
+    updates: zerotune.predictor.step_time.optimizer_update_s). ZeRO 1-3 time the update alone (optimizer_step);
+    at ZeRO-0 the engine's step timer less the rest of the step phase the model holds. Unfused torch AdamW on this
+    project's CPU VM took 7-13 ns a parameter on 2026-11-27 against 5 on the calibration day, while the copy pace,
+    which paced() applies to elementwise kernels, had fallen 3x: the update is timed, not inferred. Clipped at
+    MAX_PACE_RATIO; unchanged without a profiling run or its timers, or where the optimizer runs on the host."""
+    timed = next((m for m in initial if m.status == "ok"), None)  # the profiling run's measurement
+    if timed is None or (settings.profiled_update_s is None and settings.profiled_step_phase_s is None):
+        return model
+    update, rest = optimizer_update_s(measured_job(job, timed), timed.config, model.efficiency)
+    if update <= 0:
+        return model
+    measured = (settings.profiled_update_s if settings.profiled_update_s is not None
+                else settings.profiled_step_phase_s - rest)  # type: ignore[operator]
+    ratio = _clip_pace(max(measured, 0.0) / update)
+    what = "optimizer_step timer" if settings.profiled_update_s is not None else "step timer less the rest of its step"
+    log(f"zerotune tune: the optimizer's update took {measured * 1e3:.4g} ms in the profiling run (DeepSpeed's "
+        f"{what}) against {update * 1e3:.4g} predicted: updates predicted x{ratio:.3g} as long")
+    eff = model.efficiency
+    return replace(model, efficiency=replace(eff, optimizer_bytes_per_param=eff.optimizer_bytes_per_param * ratio))
 
 
 def _clip_pace(ratio: float) -> float:

@@ -5,11 +5,12 @@ its own checkpointing, the precision its engine held)."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from zerotune.calibrate.launch import RunResult, launch
+from zerotune.calibrate.launch import RunResult, launch, step_phase_times_s, tail_text
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import DSConfig
 from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
@@ -70,6 +71,10 @@ class ProfileOutcome:
     """The precision of the engine's weights (TuneSettings.script_precision)."""
     native_moe: bool = False
     """Whether the model has DeepSpeed's own MoE layers (TuneSettings.script_moe)."""
+    step_phase_s: float | None = None
+    """DeepSpeed's step timer, median over the run's window (TuneSettings.profiled_step_phase_s)."""
+    update_s: float | None = None
+    """ZeRO's optimizer_step timer, the same way (TuneSettings.profiled_update_s)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -187,8 +192,17 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
+    step_phase, update = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
-                          profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe)
+                          profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
+                          step_phase, update)
+
+
+def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None]:
+    """(DeepSpeed's step timer, ZeRO's optimizer_step timer): medians of the last `window` printed values (the
+    measuring window, as window_step_s takes the step times), None where the engine printed none."""
+    printed = step_phase_times_s(tail_text(run.run_dir / "stdout.log"))
+    return tuple(statistics.median(v[-max(window, 1):]) if v else None for v in printed)  # type: ignore[return-value]
 
 
 def moe_space(settings: TuneSettings, space: SearchSpace, log: Callable[[str], None]) -> SearchSpace:

@@ -81,6 +81,11 @@ class TuneSettings:
     device_copy_bytes_per_s: float | None = None
     """The tensor copy the profiling run timed (ProfiledRun.copy_bytes_per_s), against the calibration's memory
     microbenchmark (zerotune.validate.calibration.paced)."""
+    profiled_step_phase_s: float | None = None
+    """DeepSpeed's step timer in the profiling run, median seconds per optimizer step over its window
+    (zerotune.validate.calibration.update_paced)."""
+    profiled_update_s: float | None = None
+    """ZeRO 1-3's optimizer_step timer in the profiling run (the update alone), the same way; None at ZeRO-0."""
 
 
 @dataclass(frozen=True)
