@@ -17,7 +17,7 @@ from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
-__all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "MODEL_TRANSFER_REL",
+__all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "update_paced", "MODEL_TRANSFER_REL",
            "TRANSFER_SHARED_VARIANCE", "MAX_PACE_RATIO"]
 
 
