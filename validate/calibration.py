@@ -154,7 +154,8 @@ def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], s
     at ZeRO-0 the engine's step timer less the rest of the step phase the model holds. Unfused torch AdamW on this
     project's CPU VM took 7-13 ns a parameter on 2026-11-27 against 5 on the calibration day, while the copy pace,
     which paced() applies to elementwise kernels, had fallen 3x: the update is timed, not inferred. Clipped at
-    MAX_PACE_RATIO; unchanged without a profiling run or its timers, or where the optimizer runs on the host."""
+    MAX_PACE_RATIO; unchanged without a profiling run or its timers, where the optimizer runs on the host, or where
+    ZeRO-0's step timer leaves the update no more than the rest subtracted (a LoRA run's few trainable parameters)."""
     timed = next((m for m in initial if m.status == "ok"), None)  # the profiling run's measurement
     if timed is None or (settings.profiled_update_s is None and settings.profiled_step_phase_s is None):
         return model
@@ -163,7 +164,9 @@ def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], s
         return model
     measured = (settings.profiled_update_s if settings.profiled_update_s is not None
                 else settings.profiled_step_phase_s - rest)  # type: ignore[operator]
-    ratio = _clip_pace(max(measured, 0.0) / update)
+    if settings.profiled_update_s is None and measured <= rest:
+        return model  # what the step timer leaves is no larger than the model's own share subtracted: not a timing
+    ratio = _clip_pace(measured / update)
     what = "optimizer_step timer" if settings.profiled_update_s is not None else "step timer less the rest of its step"
     log(f"zerotune tune: the optimizer's update took {measured * 1e3:.4g} ms in the profiling run (DeepSpeed's "
         f"{what}) against {update * 1e3:.4g} predicted: updates predicted x{ratio:.3g} as long")
