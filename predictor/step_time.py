@@ -380,9 +380,7 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
         held = job.model.num_params / cfg.model_parallel_size / shard
         offload = gas * 2 * held * p / hw.host_to_device_bandwidth_bytes_per_s
     if z.offload_optimizer.device == "none":
-        # Adam's own traffic plus the wrapper's casts, flattening, norm, unscale and copy back (zero_mechanics)
-        traffic = eff.optimizer_bytes_per_param * adam_traffic_ratio(cfg) + wrapper_bytes_per_param(cfg)
-        return partition * traffic / hw.memory_bandwidth_bytes_per_s, offload
+        return sum(_device_update_s(job, cfg, eff)), offload
     # ZeRO-Offload: gradients down and updated 16-bit parameters up over PCIe, Adam on the node's CPU
     # shared by its GPUs (Ren et al. 2021, sec. 4).
     transfers = partition * (g + p) / hw.host_to_device_bandwidth_bytes_per_s
@@ -396,6 +394,14 @@ def _update_partition(job: Job, cfg: DSConfig) -> float:
     return job.model.num_trainable_params / cfg.model_parallel_size / shard
 
 
+def _device_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
+    """(Adam's own traffic, the wrapper's casts, flattening, norm, unscale and copy back: zero_mechanics) seconds of
+    the optimizer's step on the device, memory-bound."""
+    partition, bandwidth = _update_partition(job, cfg), job.cluster.hardware.memory_bandwidth_bytes_per_s
+    return (partition * eff.optimizer_bytes_per_param * adam_traffic_ratio(cfg) / bandwidth,
+            partition * wrapper_bytes_per_param(cfg) / bandwidth)
+
+
 def optimizer_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
     """(the optimizer's own update, the rest of DeepSpeed's step phase) seconds per optimizer step, as the engine's
     timers split them: ZeRO 1-3 time the wrapped optimizer's step alone (optimizer_step: Adam's traffic,
@@ -404,10 +410,8 @@ def optimizer_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float,
     optimizer runs on the host (offload)."""
     if cfg.zero.offload_optimizer.device != "none":
         return 0.0, 0.0
-    n_dp, partition = cfg.dp_size(job.cluster.world_size), _update_partition(job, cfg)
-    bandwidth = job.cluster.hardware.memory_bandwidth_bytes_per_s
-    update = partition * eff.optimizer_bytes_per_param * adam_traffic_ratio(cfg) / bandwidth
-    wrapper = partition * wrapper_bytes_per_param(cfg) / bandwidth
+    n_dp = cfg.dp_size(job.cluster.world_size)
+    update, wrapper = _device_update_s(job, cfg, eff)
     link = data_parallel_link(job, eff)
     gather = sum(collective_s(c, n_dp, *link, eff) for c in data_parallel_collectives(job, cfg) if c.phase == "after_step")
     return update, wrapper + gather + _overheads_s(job, cfg, eff)[1]
