@@ -65,7 +65,17 @@ MODELS = {
     "gpt2-xl": GridModel("gpt2-xl", "eager", "gpt2-xl", 1024, 4),
     "bert-large": GridModel("bert-large", "eager", "bert-large", 512, 32),
     "llama-3.2-1b": GridModel("llama-3.2-1b", "sdpa", "models/llama-3.2-1b.yaml", 2048, 4),
+    # the second plan's shapes (`plan --set shapes`): none of them informed a default
+    "bert-base": GridModel("bert-base", "eager", "bert-base", 512, 64),
+    "distilbert-base": GridModel("distilbert-base", "eager", "models/distilbert-base-cls.yaml", 512, 64),
+    "deberta-v2-xlarge": GridModel("deberta-v2-xlarge", "eager", "models/deberta-v2-xlarge-cls.yaml", 512, 8),
+    "gpt-neo-1.3b": GridModel("gpt-neo-1.3b", "eager", "gpt-neo-1.3b", 2048, 4),
+    "qwen2-250m": GridModel("qwen2-250m", "sdpa", "models/qwen2-250m.yaml", 1024, 16),
 }
+SHAPES = ("qwen2-250m", "bert-base", "gpt-neo-1.3b", "deberta-v2-xlarge", "distilbert-base")
+"""The second plan's models: encoders and decoders of widths, depths, vocabularies and attention kernels the first
+plan lacks (a DistilBERT, DeBERTa-v2's disentangled attention, GPT-Neo's alternating local attention, the Qwen2
+shape of the head-to-head's script)."""
 
 
 def model_arg(model: str) -> str:
@@ -145,6 +155,21 @@ def plan(hardware: str = "h200") -> list[dict[str, Any]]:
     for run, pred in zip(unique, predict_rows(unique, hardware, Efficiency())):
         run["budget_s"] = round(STEPS_PER_RUN * pred["step_s"] + RUN_OVERHEAD_S, 1)
     return unique
+
+
+def plan_shapes(hardware: str = "h200") -> list[dict[str, Any]]:
+    """The second plan, in priority order: ZeRO 0-3 at each model's base micro-batch, ZeRO 0, 1 and 3 at
+    micro-batch 1 (the profiling run's size, where the host bounds the step), ZeRO-1 doubling to the first
+    out-of-memory, then ZeRO-1 with gradient checkpointing for the two decoders."""
+    runs = [_run(name, _config(stage, MODELS[name].base_micro), "stages") for name in SHAPES for stage in (0, 1, 2, 3)]
+    runs += [_run(name, _config(stage, 1), "stages") for name in SHAPES for stage in (0, 1, 3)]
+    for name in SHAPES:
+        runs += _doubling(name, 2 * MODELS[name].base_micro, "largest")
+    runs += [_run(name, _config(1, MODELS[name].base_micro, ckpt=True), "checkpointing")
+             for name in ("qwen2-250m", "gpt-neo-1.3b")]
+    for run, pred in zip(runs, predict_rows(runs, hardware, Efficiency())):
+        run["budget_s"] = round(STEPS_PER_RUN * pred["step_s"] + RUN_OVERHEAD_S, 1)
+    return runs
 
 
 def run_config(run: dict[str, Any]) -> DSConfig:
@@ -348,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("plan")
     a.add_argument("--hardware", default="h200")
+    a.add_argument("--set", choices=("first", "shapes"), default="first",
+                   help="first: GPT-2, BERT-large, Llama-3.2-1B; shapes: the second plan's models (plan_shapes)")
     a.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("predict")
     a.add_argument("--plan", type=Path, required=True)
@@ -370,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "plan":
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"hardware": args.hardware, "runs": plan(args.hardware)}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"hardware": args.hardware, "runs": (plan if args.set == "first" else plan_shapes)(args.hardware)}, indent=1) + "\n")
         return 0
     runs = json.loads(args.plan.read_text())["runs"]
     if args.cmd == "report":
@@ -379,7 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         grid = read_grid(args.grid)
         roles = {r["id"]: r["role"] for r in runs}
         calibration = [m for run_id, m in grid if roles[run_id] == "calibration"]
-        effs = {"uncalibrated": Efficiency(), "calibrated on the 6 probes": fit(calibration).efficiency}
+        effs = {"uncalibrated": Efficiency()}
+        if calibration:
+            effs["calibrated on the 6 probes"] = fit(calibration).efficiency
         effs.update({f"profile {p.name}": load_profile(p).efficiency for p in args.profile})
         print("\n".join(report_lines(score(runs, grid, args.hardware, effs), list(effs))))
         for path in args.predictions:

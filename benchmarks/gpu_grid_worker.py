@@ -43,29 +43,56 @@ GPT2_SHAPES = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large
 CHAIN_MAX_STEP_S = 2.0  # a doubling chain stops after a step this long: the next size would take twice that
 
 
-def hf_model(arch: str, attn: str) -> torch.nn.Module:
-    """The run's model, randomly initialised on the current device (fp32; DeepSpeed casts it)."""
+CLASSIFIERS = {"bert-large", "bert-base", "distilbert-base", "deberta-v2-xlarge"}
+"""Architectures built for sequence classification with two labels (their batches carry one label a sample)."""
+
+
+def _hf_config(arch: str) -> Any:
+    """The run's transformers config: the published model's config.json, written out (nothing is downloaded)."""
     import transformers as tf
     if arch in GPT2_SHAPES:
         layers, width, heads = GPT2_SHAPES[arch]
-        cfg = tf.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=1024, vocab_size=50257)
-        return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
-    if arch == "bert-large":
-        cfg = tf.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-                            vocab_size=30522, max_position_embeddings=512, num_labels=2)
-        return tf.AutoModelForSequenceClassification.from_config(cfg, attn_implementation=attn)
+        return tf.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, n_positions=1024, vocab_size=50257)
+    if arch in ("bert-large", "bert-base"):
+        layers, width, heads = (24, 1024, 16) if arch == "bert-large" else (12, 768, 12)
+        return tf.BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                             intermediate_size=4 * width, vocab_size=30522, max_position_embeddings=512, num_labels=2)
+    if arch == "distilbert-base":  # distilbert-base-uncased config.json
+        return tf.DistilBertConfig(n_layers=6, dim=768, n_heads=12, hidden_dim=3072, vocab_size=30522,
+                                   max_position_embeddings=512, num_labels=2)
+    if arch == "deberta-v2-xlarge":  # microsoft/deberta-v2-xlarge config.json
+        return tf.DebertaV2Config(hidden_size=1536, num_hidden_layers=24, num_attention_heads=24,
+                                  intermediate_size=6144, vocab_size=128100, max_position_embeddings=512,
+                                  type_vocab_size=0, relative_attention=True, position_buckets=256,
+                                  pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True,
+                                  conv_kernel_size=3, conv_act="gelu", position_biased_input=False,
+                                  layer_norm_eps=1e-7, num_labels=2)
+    if arch == "gpt-neo-1.3b":  # EleutherAI/gpt-neo-1.3B config.json: global and local (window 256) layers alternate
+        return tf.GPTNeoConfig(num_layers=24, hidden_size=2048, num_heads=16, vocab_size=50257,
+                               max_position_embeddings=2048, attention_types=[[["global", "local"], 12]],
+                               window_size=256, embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)
+    if arch == "qwen2-250m":  # tests/fixtures/scripts/qwen2_loop.py's default shape
+        return tf.Qwen2Config(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+                              intermediate_size=2816, vocab_size=32000, max_position_embeddings=1024,
+                              tie_word_embeddings=False)
     if arch == "llama-3.2-1b":  # meta-llama/Llama-3.2-1B config.json
-        cfg = tf.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                             num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
-                             max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5)
-        return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+        return tf.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                              num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+                              max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5)
     raise ValueError(f"unknown arch {arch!r}")
+
+
+def hf_model(arch: str, attn: str) -> torch.nn.Module:
+    """The run's model, randomly initialised on the current device (fp32; DeepSpeed casts it)."""
+    import transformers as tf
+    auto = tf.AutoModelForSequenceClassification if arch in CLASSIFIERS else tf.AutoModelForCausalLM
+    return auto.from_config(_hf_config(arch), attn_implementation=attn)
 
 
 def _batch(run: dict[str, Any], model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
     shape = (run["micro_batch"], run["seq_len"])
     ids = torch.randint(0, model.config.vocab_size, shape, device=device)
-    if run["arch"] == "bert-large":
+    if run["arch"] in CLASSIFIERS:
         return {"input_ids": ids, "labels": torch.randint(0, 2, (shape[0],), device=device)}
     return {"input_ids": ids, "labels": ids}
 
