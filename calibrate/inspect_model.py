@@ -337,7 +337,20 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     activation = _activation(blocks[0])
     if activation is not None:
         doc["activation"] = activation
+    doc.update(_hooked_modules(model, blocks))
     return doc
+
+
+def _hooked_modules(model: nn.Module, blocks: nn.Module) -> dict[str, int]:
+    """ModelSpec.hooked_modules_per_layer / hooked_outer_modules: the modules of one block and those outside the
+    blocks, containers that are never called (ModuleList, ModuleDict) left out: ZeRO-3 hooks every module, and
+    a hook fires when its module runs."""
+    def called(root: nn.Module) -> list[nn.Module]:
+        return [m for m in root.modules() if not isinstance(m, (nn.ModuleList, nn.ModuleDict))]
+    inside = {id(m) for block in blocks for m in called(block)}
+    per_layer = len(called(blocks[0]))
+    outer = sum(1 for m in called(model) if id(m) not in inside)
+    return {"hooked_modules_per_layer": per_layer, "hooked_outer_modules": outer}
 
 
 def _checkpointing(model: nn.Module) -> bool:

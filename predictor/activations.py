@@ -38,6 +38,8 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # GPT-2's peaks 5-23% above the two-tensor count).
     scores = _score_bytes(model, d, s)
     attention = (model.q_dim + 2 * kv + model.q_dim) * d + scores
+    if model.attention == "eager" and model.attention_upcast == "scores" and d < FP32_BYTES:
+        attention += (model.q_dim + kv) * (FP32_BYTES - d)  # the score matmul keeps fp32 copies of Q and K
     mlp = (4 * f if model.gated_mlp else (5 * f if model.activation == "gelu_new" else 2 * f)) * d
     per_token = replicated + (attention + mlp) / tp
     # cross-attention: its norm's input and output dropout mask, and Q, K, V, the output projection's input and
@@ -58,6 +60,10 @@ def _score_bytes(model: ModelSpec, act_bytes: int, keys: int) -> float:
     output (and its dropout mask and output) eagerly, the fp32 log-sum-exp of each query row under flash."""
     if model.attention == "flash":
         return model.num_heads * FP32_BYTES
+    if model.attention_upcast != "none" and act_bytes < FP32_BYTES:
+        # softmax keeps its fp32 output; the context matmul keeps the probabilities cast back (or their dropout's
+        # output, beside its mask)
+        return model.num_heads * keys * (FP32_BYTES + act_bytes + (MASK_BYTES if model.dropout else 0))
     return model.num_heads * keys * (act_bytes + (MASK_BYTES + act_bytes if model.dropout else 0))
 
 

@@ -290,6 +290,10 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
         out["num_kv_heads"] = 1  # Falcon's and GPT-BigCode's single shared key/value head
     if cfg.get("model_type") == "bloom":
         out["embedding_norm"] = True  # transformers models/bloom/modeling_bloom.py word_embeddings_layernorm
+    if cfg.get("model_type") in _SOFTMAX_UPCAST:
+        out["attention_upcast"] = "softmax"
+    elif cfg.get("model_type") in ("gptj", "codegen"):
+        out["attention_upcast"] = "scores"  # query.to(torch.float32) before the score matmul, as GPT-Neo
     if cfg.get("hidden_act") in ("silu", "swiglu") or str(cfg.get("feed_forward_proj", "")).startswith("gated"):
         out["gated_mlp"] = True
     rates = [cfg[k] for k in _DROPOUT_KEYS if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)]
@@ -311,6 +315,11 @@ transformers models/gemma2/modeling_gemma2.py Gemma2MLP: gate_proj, up_proj, dow
 activation does not say it is gated."""
 
 
+_SOFTMAX_UPCAST = ("opt", "gpt_neox", "bloom", "phi", "phi3", "olmo", "olmo2", "starcoder2", "stablelm",
+                   "gpt_bigcode", "granite", "cohere", "deepseek_v2", "deepseek_v3", "vit", "modernbert")
+"""Families outside the Llama lineage whose eager attention computes the softmax in fp32 and casts it back
+(transformers 5: softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype) in their modeling files)."""
+
 _T5_LINEAGE = ("t5", "mt5", "umt5")
 """T5's layers have no biases and a norm without mean or bias (transformers models/t5/modeling_t5.py: T5LayerNorm,
 T5Attention's q/k/v/o and T5DenseActDense's wi/wo built with bias=False); `feed_forward_proj` "gated-gelu" (T5
@@ -329,9 +338,10 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return dict(position_embedding="rotary", gated_mlp=True, norm="rmsnorm",
                     qkv_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
                     out_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
-                    dropout=False, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+                    dropout=False, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                    attention_upcast="softmax")
     if model_type == "gpt_neo":
-        return dict(qkv_bias=False)
+        return dict(qkv_bias=False, attention_upcast="scores")
     if model_type in ("bert", "roberta"):
         return dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
                     final_norm=False, head="pooler")

@@ -125,16 +125,19 @@ class Efficiency:
     ZeRO-1 took 84.2 ms by DeepSpeed's backward timer against 43.3 ms of predicted kernel launches, over its 772
     tensors as ModelSpec counts them (Q, K and V apart); the test half's Llama-3.2-1B then reads 31.8 ms against
     33.1, and the 246M-parameter Qwen2 script's ZeRO-0 profiling run (no hooks) 24.1 against 24-28."""
-    zero3_module_hook_s: float = 1.7e-4
-    """Per submodule per pass (forward, and again in backward): ZeRO-3's pre/post hooks, the autograd
-    Functions that carry the backward hooks, and fetch_sub_module / release_sub_module bookkeeping
-    (parameter_offload.py:337-609, partitioned_param_coordinator.py:310-533). Fitted with zero3_param_fetch_s
-    on the ZeRO-3 minus ZeRO-1 step time of the same configuration, over the fit-half models of the H200 grid
-    (data/measurements/gpu_grid: bert-large, gpt2-large, gpt2-xl; DeepSpeed 0.19.8, Hugging Face models); the
-    earlier H100 probes of the built-in workload on another host read 410 us (stage 3 backward 163 ms against
-    stage 0's 50 ms). A 16- and 32-layer width-32 model on one CPU rank gave 0.1-0.3 ms per module and pass
-    (benchmarks/zero3_hooks.md). Host time: it varies with the host CPU, which calibration measures."""
-    zero3_param_fetch_s: float = 2.3e-4
+    zero3_module_hook_s: float = 2.4e-4
+    """Per module run per pass (forward, and again in backward; ModelSpec.hooked_modules_per_layer): ZeRO-3's
+    pre/post hooks, the autograd Functions that carry the backward hooks, and fetch_sub_module /
+    release_sub_module bookkeeping (parameter_offload.py:337-609, partitioned_param_coordinator.py:310-533).
+    Fitted with zero3_param_fetch_s on the ZeRO-3 step times of the fit-half models of the H200 grid
+    (data/measurements/gpu_grid: bert-large, gpt2-large, gpt2-xl; DeepSpeed 0.19.8, Hugging Face models, every
+    module that runs counted, backward's hooks on backward's host side): RMS log error 0.097 over their six rows
+    (a grid search over 20-290 us x 0-380 us). Earlier, with only modules owning parameters counted and every
+    hook added to the step: 170 and 230 us. The H100 probes of the built-in workload on another host read 410 us
+    (stage 3 backward 163 ms against stage 0's 50 ms). A 16- and 32-layer width-32 model on one CPU rank gave
+    0.1-0.3 ms per module and pass (benchmarks/zero3_hooks.md). Host time: it varies with the host CPU, which
+    calibration measures."""
+    zero3_param_fetch_s: float = 1.6e-4
     """Per parameter tensor gathered and released: status changes, stream and event handling per tensor
     (partitioned_param_coordinator.py:390-415), the torch.cat of its partitions (partition_parameters.py:795)
     and free_param on release. Fitted with zero3_module_hook_s (see there) on the H200 grid's fit half; the H100

@@ -63,6 +63,14 @@ class ModelSpec:
     """How attention runs: 'eager' materialises the s x s scores, softmax and its dropout mask per head
     (Korthikanti's 5as^2b term); 'flash' (FlashAttention, PyTorch's scaled_dot_product_attention) keeps only the
     row-wise log-sum-exp and regenerates the rest in backward (Dao et al. 2022, sec. 3.1)."""
+    attention_upcast: Literal["none", "softmax", "scores"] = "none"
+    """Where eager attention leaves the activations' precision (16-bit models; nothing changes in fp32 or under
+    flash): 'none' keeps scores and softmax in it (transformers models/gpt2, bert, t5, bart: softmax(attn_weights,
+    dim=-1)); 'softmax' computes the softmax in fp32 and casts its output back (softmax(attn_weights, dim=-1,
+    dtype=torch.float32).to(query.dtype): llama, mistral, qwen2, gemma, opt, gpt_neox, bloom and most decoders'
+    eager_attention_forward), so backward keeps the fp32 probabilities beside the cast ones; 'scores' casts query
+    and key to fp32 first, so the score matmul and its gradients run at the fp32 matmul rate and the mask and
+    softmax over fp32 scores (models/gpt_neo/modeling_gpt_neo.py GPTNeoSelfAttention._attn, gptj, codegen)."""
     cross_entropy: Literal["eager", "fused"] = "eager"
     """How a vocabulary head's loss runs: 'eager' as Hugging Face's models compute it (the logits cast to fp32,
     shifted into a contiguous copy, a log-softmax whose fp32 output backward keeps, an fp32 gradient); 'fused' one
@@ -94,6 +102,16 @@ class ModelSpec:
     """Bytes a block keeps for backward, measured over zerotune.predictor.activations' formula: 1 for the implementations
     the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
     the first block, validate/profiled.py)."""
+    hooked_modules_per_layer: int = 0
+    """Modules one block runs: the block, every submodule whose forward is called (linears, norms, the attention
+    and MLP wrappers, activation and dropout modules, dropouts of rate 0 included), for ZeRO-3's hooks, which
+    DeepSpeed registers on every module and which fire on each call (runtime/zero/parameter_offload.py:337-528).
+    0: the built-in workload's tree, each module owning parameters and the block. Hugging Face trees run more:
+    GPT-2's block 13 (6 own parameters), BERT's 18 (8), DeBERTa-v2's 19 (8), GPT-Neo's 16 (8), Llama's 13 (9),
+    counted in transformers 5.17 (benchmarks/gpu_grid_worker.py builds them); the profiling run counts the user's."""
+    hooked_outer_modules: int = 0
+    """Modules outside the blocks whose forward runs (the root, embeddings, their norm and dropout, the final norm,
+    the head; containers such as ModuleList are never called). 0: the built-in workload's tree."""
     frozen_layer_params: int = 0
     """Elements of one block's parameters that do not train (requires_grad False: a LoRA fine-tune's base weights,
     frozen lower layers averaged over the blocks); 0: every block parameter trains. DeepSpeed builds its optimizer's

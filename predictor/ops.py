@@ -72,6 +72,9 @@ class DeviceRates:
     0 means memory_bytes_per_s."""
     rng_s_per_element: float = 0.0
     """Seconds to draw one dropout mask element beyond its bytes (HardwareSpec.dropout_rng_s_per_element)."""
+    fp32_matmul_flops_per_s: float = 0.0
+    """The fp32 GEMM rate, for the matmuls a 16-bit model runs in fp32 (ModelSpec.attention_upcast 'scores');
+    0 means matmul_flops_per_s."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -81,7 +84,8 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.achievable_memory_bandwidth_bytes_per_s * hw.eager_bandwidth_share
                        * eff.memory_bandwidth_efficiency, launch,
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
-                       hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element)
+                       hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
+                       hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -159,8 +163,17 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
         fused = causal_flash_share(model, s) * (gemm_s(s, s, d, heads, on_chip) + gemm_s(s, d, s, heads, on_chip))
         return fused, FLASH_BACKWARD_PER_FORWARD * fused, flops
     # d(probs) = d(context) V^T and dV = probs^T d(context); dQ = d(scores) K and dK = d(scores)^T Q
-    backward = gemm_s(s, s, d, heads, rates) + 3 * gemm_s(s, d, s, heads, rates)
+    score_grads = 2 * gemm_s(s, d, s, heads, rates)
+    if _fp32_scores(model, rates):  # Q K^T and both its gradients on fp32 operands (ModelSpec.attention_upcast)
+        fp32 = dataclasses.replace(rates, matmul_flops_per_s=rates.fp32_matmul_flops_per_s or rates.matmul_flops_per_s,
+                                   element_bytes=4)
+        scores, score_grads = gemm_s(s, s, d, heads, fp32), 2 * gemm_s(s, d, s, heads, fp32)
+    backward = gemm_s(s, s, d, heads, rates) + gemm_s(s, d, s, heads, rates) + score_grads
     return scores + context, backward, flops
+
+
+def _fp32_scores(model: ModelSpec, rates: DeviceRates) -> bool:
+    return model.attention == "eager" and model.attention_upcast == "scores" and rates.element_bytes < 4
 
 
 def causal_flash_share(model: ModelSpec, s: int) -> float:
@@ -259,8 +272,18 @@ def _eager_scores(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRate
         return 0 * b, 0 * b, 0
     drop = 1 if model.dropout else 0
     scores, passes = b * model.num_heads / tp * s * s, 3 + drop
-    return (_elementwise(scores, passes, passes, drop * scores, rates) + drop * _mask_draws(scores, rates),
-            _elementwise(scores, passes + 1, passes, drop * scores, rates), passes)
+    fwd = _elementwise(scores, passes, passes, drop * scores, rates) + drop * _mask_draws(scores, rates)
+    bwd = _elementwise(scores, passes + 1, passes, drop * scores, rates)
+    if model.attention_upcast == "none" or rates.element_bytes >= 4:
+        return fwd, bwd, passes
+    # in bytes beyond those passes: softmax writes fp32 and a cast reads it back (forward); the cast's gradient
+    # widens to fp32 and softmax's backward reads its fp32 output and gradient
+    e = rates.element_bytes
+    extra_f, extra_b = (4 - e) + (4 + e), (e + 4) + (8 - 2 * e)
+    if model.attention_upcast == "scores":  # the scale and mask passes (each way) over fp32 scores as well
+        extra_f, extra_b = extra_f + 2 * 2 * (4 - e), extra_b + 2 * 2 * (4 - e)
+    return (fwd + _elementwise(scores, 0, 0, scores * extra_f, rates),
+            bwd + _elementwise(scores, 0, 0, scores * extra_b, rates), passes + 1)
 
 
 def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates

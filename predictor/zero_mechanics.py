@@ -136,9 +136,9 @@ class Zero3Trace:
     """ZeRO-3's work in one micro-step (forward + backward), per data-parallel rank, before tensor parallelism."""
 
     num_hooked_modules: int
-    """Submodules whose hooks fire in forward and again in backward: every module owning parameters, one per
-    transformer block, and the root (the built-in workload's module tree; parameter-less Hugging Face
-    submodules such as dropouts fire cheaper hooks too and are left out)."""
+    """Modules whose hooks fire in forward and again in backward: every module that runs (ModelSpec.
+    hooked_modules_per_layer and hooked_outer_modules; by default the built-in workload's tree: every module
+    owning parameters, one per transformer block, and the root)."""
     num_fetched_tensors_forward: int
     """Tensors above the persistence threshold, gathered in forward and released when done with."""
     num_fetched_tensors_backward: int
@@ -175,8 +175,11 @@ def _trace(model: ModelSpec, persistence_threshold: int, max_reuse_distance: int
             released_tensors += len(big)
             released_modules += 1
     fetched = [t.num_elems for t in tensors if t.num_elems > persistence_threshold]
+    own_outer = len({_module_of(t) for t in tensors if t.layer < 0})
+    per_layer = model.hooked_modules_per_layer or (len(modules) - own_outer) / max(model.num_layers, 1) + 1
+    outer = model.hooked_outer_modules or own_outer + 1
     return Zero3Trace(
-        num_hooked_modules=len(modules) + model.num_layers + 1,
+        num_hooked_modules=round(model.num_layers * per_layer + outer),
         num_fetched_tensors_forward=len(fetched), num_fetched_tensors_backward=released_tensors,
         num_gather_calls_forward=fetch_modules, num_gather_calls_backward=released_modules,
         fetched_elems_forward=float(sum(fetched)), fetched_elems_backward=released_elems,
@@ -241,8 +244,17 @@ def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scat
 
 
 def backward_hook_host_s(model: ModelSpec, cfg: DSConfig, eff: Efficiency) -> float:
-    """Host seconds per micro-step that ZeRO-1's per-parameter gradient hooks add to backward's host side
-    (Efficiency.grad_hook_host_s): one call per trainable tensor of the pipeline stage, every backward."""
+    """Host seconds per micro-step that DeepSpeed's backward hooks add to backward's host side, where they hide
+    behind the device's kernels when those take longer: ZeRO-1's per-parameter gradient hooks (Efficiency.
+    grad_hook_host_s, one call per trainable tensor of the pipeline stage), ZeRO-3's module hooks, which autograd
+    runs on its own thread between the kernels it queues (parameter_offload.py:474-528, PreBackwardFunction /
+    PostBackwardFunction), with the bookkeeping of the tensors backward gathers again. On one H200 ZeRO-3's
+    backward timer exceeded ZeRO-1's by 1-29 ms at micro-batches 8-16 of GPT-2 and GPT-Neo (device-bound) and by
+    100-225 ms at micro-batch 1 (data/measurements/gpu_grid, h200_rows.jsonl, h200_shapes_rows.jsonl)."""
+    if cfg.zero.stage == 3:
+        t = zero3_trace(model, cfg)
+        return (t.num_hooked_modules * eff.zero3_module_hook_s
+                + t.num_fetched_tensors_backward * eff.zero3_param_fetch_s) / cfg.pp_size
     if cfg.zero.stage != 1:
         return 0.0
     return model.num_trainable_tensors / cfg.pp_size * eff.grad_hook_host_s
@@ -251,7 +263,8 @@ def backward_hook_host_s(model: ModelSpec, cfg: DSConfig, eff: Efficiency) -> fl
 def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Efficiency) -> tuple[float, float]:
     """(per micro-step, per optimizer step) host seconds DeepSpeed's runtime adds to the kernels' time.
 
-    Charged on top of compute, not hidden behind it: the fetch path waits on an event once more than two
+    Charged on top of compute, not hidden behind it (backward's hooks excepted: backward_hook_host_s): the
+    fetch path waits on an event once more than two
     fetches are in flight (partitioned_param_coordinator.py:400-411), which keeps the host at most a few
     modules ahead of the device, and the H100 probes step as compute + hooks (Efficiency docstrings)."""
     share = 1.0 / cfg.pp_size  # a pipeline stage runs the hooks of its own layers
@@ -271,9 +284,12 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
         per_step += model.num_trainable_tensors * share * eff.tensor_sync_check_s  # its groups: trainable only
     if z.stage == 3:
         t = zero3_trace(model, cfg)
-        hooks = 2 * t.num_hooked_modules * eff.zero3_module_hook_s
-        fetched = t.num_fetched_tensors_forward + t.num_fetched_tensors_backward
-        fetches = fetched * (eff.zero3_param_fetch_s + (eff.zero3_gather_s if num_dp > 1 else 0.0))
+        hooks = t.num_hooked_modules * eff.zero3_module_hook_s  # forward's; backward's: backward_hook_host_s
+        gather = eff.zero3_gather_s if num_dp > 1 else 0.0
+        # forward's fetches; backward's re-gathers wait on their all-gathers here too, their bookkeeping is on
+        # backward's host side (backward_hook_host_s)
+        fetches = (t.num_fetched_tensors_forward * (eff.zero3_param_fetch_s + gather)
+                   + t.num_fetched_tensors_backward * gather)
         gathers = (t.num_gather_calls_forward + t.num_gather_calls_backward) * launch
         return share * (hooks + fetches) + gathers + reduce_s, per_step
     if z.stage == 2:

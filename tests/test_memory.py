@@ -253,3 +253,23 @@ def test_frozen_weights_skip_their_weight_gradient_gemms() -> None:
 def test_frozen_counts_are_checked() -> None:
     with pytest.raises(ValueError, match="frozen_layer_params"):
         ModelSpec("m", 2, 64, 4, 4, 256, 100, 64, frozen_layer_params=-1)
+
+
+@pytest.mark.parametrize("upcast, dropout, per_score", [
+    ("none", False, 2), ("none", True, 2 + 1 + 2),
+    ("softmax", False, 4 + 2), ("softmax", True, 4 + 1 + 2), ("scores", False, 4 + 2)])
+def test_eager_attention_in_fp32_keeps_the_fp32_probabilities_beside_the_cast_ones(
+        upcast: str, dropout: bool, per_score: int) -> None:
+    # transformers' eager attention: GPT-2 and BERT keep the bf16 softmax output (and its dropout's mask and output);
+    # Llama's softmax(..., dtype=torch.float32).to(query.dtype) and GPT-Neo's fp32 scores keep the fp32 softmax output
+    # for its backward and the cast probabilities (or their dropout's output) for the context matmul's. GPT-Neo's
+    # score matmul also keeps fp32 copies of Q and K instead of the bf16 ones.
+    base = load_model("gpt2").replace(attention="eager", dropout=dropout)
+    model, b, s = base.replace(attention_upcast=upcast), 2, 256
+    flash = layer_activation_bytes(model.replace(attention="flash"), b, s, 2)
+    flash_scores = base.num_heads * 4 * s * b  # flash keeps one fp32 log-sum-exp per row instead
+    qk_fp32 = (model.q_dim + model.kv_dim) * (4 - 2) * s * b if upcast == "scores" else 0
+    scores = layer_activation_bytes(model, b, s, 2) - flash + flash_scores - qk_fp32
+    assert scores == pytest.approx(model.num_heads * s * s * b * per_score, rel=1e-9)
+    # fp32 models have nothing to widen
+    assert layer_activation_bytes(model, b, s, 4) == layer_activation_bytes(base, b, s, 4)

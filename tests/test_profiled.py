@@ -317,6 +317,12 @@ def test_hugging_face_masked_lm_keeps_its_head_from_the_modules(tmp_path: Path) 
     assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size) == (3, 320, 5, 1280, 5000)
     assert (m.head, m.tied_embeddings, m.head_transform, m.head_bias) == ("lm", True, True, True)
     assert m.num_params == sum(p.numel() for p in model.parameters())  # every tensor, counted once
+    # ZeRO-3 hooks every module that runs: BertLayer holds 18 (the layer, BertAttention, BertSelfAttention and its
+    # q / k / v and dropout, BertSelfOutput's dense, LayerNorm and dropout, BertIntermediate's dense and GELU,
+    # BertOutput's dense, LayerNorm and dropout); outside the blocks every module but the ModuleList
+    called = [x for x in model.modules() if type(x).__name__ not in ("ModuleList", "ModuleDict")]
+    assert m.hooked_modules_per_layer == 18
+    assert m.num_layers * m.hooked_modules_per_layer + m.hooked_outer_modules == len(called)
 
 
 _HF_FAMILIES = {  # small configs of families outside the catalog, as a Trainer script builds them in code

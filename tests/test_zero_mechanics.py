@@ -17,7 +17,7 @@ from zerotune.predictor.memory import state_bytes
 from zerotune.predictor.rank import evaluate_space, metric_value
 from zerotune.predictor.space import space_from_ds_config
 from zerotune.predictor.step_time import collective_s, data_parallel_collectives, data_parallel_link
-from zerotune.predictor.zero_mechanics import (grad_reduction, optimizer_wrapper, runtime_overhead_s, zero3_trace,
+from zerotune.predictor.zero_mechanics import (_module_of, grad_reduction, optimizer_wrapper, runtime_overhead_s, zero3_trace,
                                       zero3_working_set_elems)
 from tests.conftest import make_job
 
@@ -146,6 +146,18 @@ def test_zero3_counts_the_hooked_modules_of_the_built_in_workload() -> None:
     model = workload.build_model(spec)
     called = [m for m in model.modules() if type(m).__name__ != "ModuleList"]
     assert zero3_trace(spec, _cfg(3)).num_hooked_modules == len(called)
+
+
+def test_zero3_hooks_every_module_a_hugging_face_block_runs() -> None:
+    # GPT-2's block runs 12 modules where 6 own parameters (transformers 5: ln_1, attn, its c_attn, c_proj and
+    # resid_dropout, ln_2, mlp, its c_fc, act, c_proj and dropout, and the block); the catalog says so. Without the
+    # counts, the built-in workload's tree: the modules owning parameters, each block and the root.
+    spec = make_job("gpt2").model
+    assert (spec.hooked_modules_per_layer, spec.hooked_outer_modules) == (12, 7)
+    assert zero3_trace(spec, _cfg(3)).num_hooked_modules == 12 * 12 + 7
+    bare = spec.replace(hooked_modules_per_layer=0, hooked_outer_modules=0)
+    owners = {_module_of(t) for t in spec.tensors()}
+    assert zero3_trace(bare, _cfg(3)).num_hooked_modules == len(owners) + 12 + 1  # + the blocks and the root
 
 
 # -- collectives ----------------------------------------------------------------------------------------------

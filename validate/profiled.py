@@ -36,9 +36,10 @@ PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profili
 RECOMPUTED_CALLS = 2
 """Forward calls of the first block, or of its first module with parameters (a script that checkpoints a method of
 its block), per micro-step when activation checkpointing recomputes it in backward."""
-_HEAD_KEYS = ("head", "tied_embeddings", "head_transform", "head_bias")
-"""What a Hugging Face config cannot say (BertModel, BertForMaskedLM and BertForPreTraining share one) and the
-modules can (calibrate/inspect_model.py _head)."""
+_HEAD_KEYS = ("head", "tied_embeddings", "head_transform", "head_bias", "hooked_modules_per_layer",
+              "hooked_outer_modules")
+"""What a Hugging Face config cannot say and the modules can: the head (BertModel, BertForMaskedLM and
+BertForPreTraining share one config; calibrate/inspect_model.py _head) and the modules ZeRO-3 hooks (_hooked_modules)."""
 
 
 class MatmulPace(NamedTuple):
@@ -148,7 +149,7 @@ def _spec(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, seq
         spec = model_from_hf_dict(hf, name, "")
         if structure and structure.get("hidden_size") == spec.hidden_size:  # the config names the family, the
             head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
-            read.append(f"head from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
+            read.append(f"from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
             spec = spec.replace(**head)
             same_width = structure.get("ffn_hidden_size") == spec.ffn_hidden_size
             if structure.get("gated_mlp") and not spec.gated_mlp and same_width:
