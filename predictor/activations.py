@@ -29,6 +29,11 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     mask = MASK_BYTES if model.dropout else 0
     # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.
     replicated = 4 * h * d + 2 * h * mask
+    if model.norm == "rmsnorm" and d < FP32_BYTES:
+        # transformers' RMSNorm (LlamaRMSNorm: x.to(float32), pow, x * rsqrt(var + eps), .to(dtype), weight * x,
+        # the ops predictor/ops.py _norm times) keeps the fp32 copy for pow and the product, and the normalised
+        # 16-bit x for the weight's product, instead of one 16-bit input: 4 more bytes an element, each norm
+        replicated += 2 * h * FP32_BYTES
     # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP: the
     # activation's input and the down projection's input, SwiGLU's gate and up outputs and their SiLU and
     # product, or, for GPT-2's tanh-approximated GELU as eager ops (transformers activations.py
@@ -37,10 +42,16 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # the MLP's width where torch's fused GELU keeps two (measured on one H200, data/measurements/gpu_grid:
     # GPT-2's peaks 5-23% above the two-tensor count).
     scores = _score_bytes(model, d, s)
-    attention = (model.q_dim + 2 * kv + model.q_dim) * d + scores
+    # eager attention repeats grouped K and V to every head before its matmuls (transformers' repeat_kv in
+    # eager_attention_forward), which keep the repeated copies
+    kept_kv = model.q_dim if model.attention == "eager" else kv
+    attention = (model.q_dim + 2 * kept_kv + model.q_dim) * d + scores
     if model.attention == "eager" and model.attention_upcast == "scores" and d < FP32_BYTES:
         attention += (model.q_dim + kv) * (FP32_BYTES - d)  # the score matmul keeps fp32 copies of Q and K
-    mlp = (4 * f if model.gated_mlp else (5 * f if model.activation == "gelu_new" else 2 * f)) * d
+    # ReLU's backward reads its output, which is also the down projection's input: one tensor of the MLP's width
+    plain = {"gelu_new": 5 * f, "relu": f}.get(model.activation, 2 * f)
+    mlp = (4 * f if model.gated_mlp else plain) * d
+    attention += _disentangled_bytes(model, d, s)
     per_token = replicated + (attention + mlp) / tp
     # cross-attention: its norm's input and output dropout mask, and Q, K, V, the output projection's input and
     # the scores as self-attention keeps them, of the full heads
@@ -53,6 +64,21 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
         cross += (2 * model.q_dim * d * (1 + span) + _score_bytes(model, d, cross_seq_len or s)) / tp
         per_token += share * cross
     return float(per_token * s * micro_batch * model.activation_scale)
+
+
+def _disentangled_bytes(model: ModelSpec, act_bytes: int, seq_len: int) -> float:
+    """Bytes per position that DeBERTa-v2's disentangled attention keeps beyond the content scores (transformers
+    models/deberta_v2 disentangled_attention_bias): torch.gather keeps its whole input for backward (PyTorch
+    tools/autograd/derivatives.yaml, gather: gather_backward(grad, self, dim, index, sparse_grad)), so the
+    content-to-position and position-to-content scores stay, heads x 2 buckets wide each per position; and the
+    two batched matmuls keep the projected relative embeddings repeated per sample (heads x 2 buckets x head
+    width each, spread over the sample's positions). Read from autograd's saved tensors of one DebertaV2Layer
+    (1536 wide, 24 heads, 256 buckets): (48, s, 512) twice and (48, 64, 512) twice at batch 2; on one H200 the
+    peak grew 1.99 GiB a sample at sequence 512 against 1.37 without them (data/measurements/gpu_grid)."""
+    if not model.relative_position_buckets:
+        return 0.0
+    wide = model.num_heads * 2 * model.relative_position_buckets
+    return 2 * wide * act_bytes + 2 * wide * model.head_dim * act_bytes / seq_len
 
 
 def _score_bytes(model: ModelSpec, act_bytes: int, keys: int) -> float:

@@ -303,9 +303,10 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 _DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "hidden_dropout", "attention_dropout",
-                 "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout", "dropout_rate", "dropout_prob")
+                 "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout", "dropout_rate", "dropout_prob",
+                 "embed_dropout", "resid_dropout")
 """Dropout rates as Hugging Face configs name them (BERT's *_prob, GPT-2's *_pdrop, GPT-NeoX's and Llama's
-attention_dropout / hidden_dropout, T5's dropout_rate, DistilBERT's dropout)."""
+attention_dropout / hidden_dropout, T5's dropout_rate, DistilBERT's dropout, GPT-Neo's embed / resid_dropout)."""
 
 
 _LLAMA_LINEAGE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
@@ -341,20 +342,21 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
                     dropout=False, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                     attention_upcast="softmax")
     if model_type == "gpt_neo":
-        return dict(qkv_bias=False, attention_upcast="scores")
+        return {**_hf_traits(cfg), "qkv_bias": False, "attention_upcast": "scores"}
     if model_type in ("bert", "roberta"):
-        return dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
-                    final_norm=False, head="pooler")
+        return {**_hf_traits(cfg), **dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
+                                          final_norm=False, head="pooler")}
     if model_type == "distilbert":
-        return dict(embedding_norm=True, final_norm=False, head="none")
+        return {**_hf_traits(cfg), **dict(embedding_norm=True, final_norm=False, head="none")}
     if model_type == "deberta-v2":
         buckets = int(cfg.get("position_buckets", -1))
         rel = buckets if buckets > 0 else int(cfg.get("max_relative_positions", -1))
         rel = rel if rel > 0 else int(cfg.get("max_position_embeddings", 512))
-        return dict(position_embedding="learned" if cfg.get("position_biased_input", True) else "relative",
-                    type_vocab_size=int(cfg.get("type_vocab_size", 0)), embedding_norm=True, final_norm=False,
-                    head="none", relative_position_buckets=rel if cfg.get("relative_attention") else 0,
-                    conv_kernel_size=int(cfg.get("conv_kernel_size", 0)))
+        positions = "learned" if cfg.get("position_biased_input", True) else "relative"
+        return {**_hf_traits(cfg), **dict(
+            position_embedding=positions, type_vocab_size=int(cfg.get("type_vocab_size", 0)), embedding_norm=True,
+            final_norm=False, head="none", relative_position_buckets=rel if cfg.get("relative_attention") else 0,
+            conv_kernel_size=int(cfg.get("conv_kernel_size", 0)))}
     return {}
 
 

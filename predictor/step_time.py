@@ -235,7 +235,11 @@ def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch
             slower = total > longest
             columns, longest = tuple(np.where(slower, a, b) for a, b in zip(stage, columns)), np.maximum(total, longest)
     dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail = columns
-    host_b = host_b + backward_hook_host_s(job.model, cfg, eff)
+    hooks = backward_hook_host_s(job.model, cfg, eff)
+    if job.cluster.hardware.comm_compute_overlap:
+        host_b = host_b + hooks
+    else:  # a synchronized device (DeepSpeed's CPU accelerator) runs its kernels on the host: the hooks add
+        dev_b = dev_b + hooks
     columns = (dev_f, dev_b, dev_r, host_f, host_b, host_r, dev_tail, host_tail)
     if isinstance(micro_batch, np.ndarray):
         return tuple(c.reshape(np.shape(micro_batch)) for c in columns)

@@ -250,7 +250,9 @@ def backward_hook_host_s(model: ModelSpec, cfg: DSConfig, eff: Efficiency) -> fl
     runs on its own thread between the kernels it queues (parameter_offload.py:474-528, PreBackwardFunction /
     PostBackwardFunction), with the bookkeeping of the tensors backward gathers again. On one H200 ZeRO-3's
     backward timer exceeded ZeRO-1's by 1-29 ms at micro-batches 8-16 of GPT-2 and GPT-Neo (device-bound) and by
-    100-225 ms at micro-batch 1 (data/measurements/gpu_grid, h200_rows.jsonl, h200_shapes_rows.jsonl)."""
+    100-225 ms at micro-batch 1 (data/measurements/gpu_grid, h200_rows.jsonl, h200_shapes_rows.jsonl). On a
+    synchronized device (DeepSpeed's CPU accelerator) the host runs the kernels itself, and the hooks add to them
+    (step_time._stage_op_times)."""
     if cfg.zero.stage == 3:
         t = zero3_trace(model, cfg)
         return (t.num_hooked_modules * eff.zero3_module_hook_s
