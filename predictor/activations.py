@@ -27,13 +27,16 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     h, f, kv = model.hidden_size, model.mlp_width, model.kv_dim
     d, s = act_bytes, seq_len
     mask = MASK_BYTES if model.dropout else 0
-    # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks.
-    replicated = 4 * h * d + 2 * h * mask
+    # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks. Attention
+    # and MLP side by side (ModelSpec.parallel_residual) share the norms' input, and with one norm its output.
+    norms = 1 if model.parallel_residual == "one_norm" else 2
+    inputs = {"none": 4, "two_norms": 3, "one_norm": 2}[model.parallel_residual]
+    replicated = inputs * h * d + 2 * h * mask
     if model.norm == "rmsnorm" and d < FP32_BYTES:
         # transformers' RMSNorm (LlamaRMSNorm: x.to(float32), pow, x * rsqrt(var + eps), .to(dtype), weight * x,
         # the ops predictor/ops.py _norm times) keeps the fp32 copy for pow and the product, and the normalised
         # 16-bit x for the weight's product, instead of one 16-bit input: 4 more bytes an element, each norm
-        replicated += 2 * h * FP32_BYTES
+        replicated += norms * h * FP32_BYTES
     # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP: the
     # activation's input and the down projection's input, SwiGLU's gate and up outputs and their SiLU and
     # product, or, for GPT-2's tanh-approximated GELU as eager ops (transformers activations.py

@@ -290,6 +290,12 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
         out["num_kv_heads"] = 1  # Falcon's and GPT-BigCode's single shared key/value head
     if cfg.get("model_type") == "bloom":
         out["embedding_norm"] = True  # transformers models/bloom/modeling_bloom.py word_embeddings_layernorm
+    model_type = cfg.get("model_type")
+    if model_type in ("gptj", "codegen", "phi") or (model_type == "falcon" and cfg.get("parallel_attn", True)):
+        two = model_type == "falcon" and cfg.get("new_decoder_architecture") and cfg.get("num_ln_in_parallel_attn") != 1
+        out["parallel_residual"] = "two_norms" if two else "one_norm"
+    elif model_type == "gpt_neox" and cfg.get("use_parallel_residual", True):
+        out["parallel_residual"] = "two_norms"
     if cfg.get("model_type") in _SOFTMAX_UPCAST:
         out["attention_upcast"] = "softmax"
     elif cfg.get("model_type") in ("gptj", "codegen"):

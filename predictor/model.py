@@ -71,6 +71,12 @@ class ModelSpec:
     eager_attention_forward), so backward keeps the fp32 probabilities beside the cast ones; 'scores' casts query
     and key to fp32 first, so the score matmul and its gradients run at the fp32 matmul rate and the mask and
     softmax over fp32 scores (models/gpt_neo/modeling_gpt_neo.py GPTNeoSelfAttention._attn, gptj, codegen)."""
+    parallel_residual: Literal["none", "one_norm", "two_norms"] = "none"
+    """Attention and MLP side by side on the block's input, their outputs added to it (GPT-J, Phi, CodeGen: one
+    norm feeding both, transformers models/gptj GPTJBlock ln_1; GPT-NeoX's use_parallel_residual and Falcon's new
+    decoder architecture: two norms of the same input, gpt_neox GPTNeoXLayer, falcon ln_attn / ln_mlp); 'none':
+    one after the other. Backward keeps one input for both branches' norms (and one normalised input for both
+    branches' first GEMMs with one norm)."""
     cross_entropy: Literal["eager", "fused"] = "eager"
     """How a vocabulary head's loss runs: 'eager' as Hugging Face's models compute it (the logits cast to fp32,
     shifted into a contiguous copy, a log-softmax whose fp32 output backward keeps, an fp32 gradient); 'fused' one
@@ -209,7 +215,7 @@ class ModelSpec:
         return tensors
 
     def layer_tensors(self, layer: int) -> list[Tensor]:
-        """Parameters of one transformer block: attention, MLP and two norms."""
+        """Parameters of one transformer block: attention, MLP and two norms (one: parallel_residual 'one_norm')."""
         h, f, kv, q = self.hidden_size, self.ffn_hidden_size, self.kv_dim, self.q_dim
         p = f"layers.{layer}"
         t = self._norm(f"{p}.norm1", layer)
@@ -222,7 +228,8 @@ class ModelSpec:
             for proj in ("q", "k", "v"):
                 t += self._linear(f"{p}.cross.{proj}", h, q, self.qkv_bias, layer)
             t += self._linear(f"{p}.cross.out", q, h, self.out_bias, layer)
-        t += self._norm(f"{p}.norm2", layer)
+        if self.parallel_residual != "one_norm":
+            t += self._norm(f"{p}.norm2", layer)
         experts = [f"{p}.mlp"] if not self.num_experts else [f"{p}.mlp.experts.{e}" for e in range(self.num_experts)]
         if self.num_experts:  # the router: h -> one score per expert
             t.append(Tensor(f"{p}.mlp.router.weight", h * self.num_experts, layer))

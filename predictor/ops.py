@@ -235,11 +235,12 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     tokens = b * s
     hidden, inner = tokens * model.hidden_size, tokens * model.mlp_width / tp
     drop = 1 if model.dropout else 0
-    # two norms and the rotary embedding of q and k
+    # two norms (one: ModelSpec.parallel_residual 'one_norm') and the rotary embedding of q and k
+    norms = 1 if model.parallel_residual == "one_norm" else 2
     norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
     rope_f, rope_b, rk_f, rk_b = _rotary(model, tokens, tp, rates)
-    fwd, bwd = 2 * norm_f + rope_f, 2 * norm_b + rope_b
-    kernels_f, kernels_b = 2 * nk_f + rk_f, 2 * nk_b + rk_b
+    fwd, bwd = norms * norm_f + rope_f, norms * norm_b + rope_b
+    kernels_f, kernels_b = norms * nk_f + rk_f, norms * nk_b + rk_b
     # merging the heads is a copy; the activation is GELU, or SwiGLU's SiLU and product
     fwd += _elementwise(hidden / tp, 1, 1, 0, rates)
     bwd += _elementwise(hidden / tp, 1, 1, 0, rates)

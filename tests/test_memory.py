@@ -334,6 +334,10 @@ _FAMILIES = {  # small configs, every dropout rate 0 (CPU and GPU dropout kernel
             "num_hidden_layers"),
     "bloom": ("BloomConfig", dict(hidden_size=256, n_head=4), "n_layer"),
     "gpt_neo": ("GPTNeoConfig", dict(hidden_size=256, num_heads=4, intermediate_size=1024), "num_layers"),
+    "gpt_neox": ("GPTNeoXConfig", dict(hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                                       rotary_pct=0.25), "num_hidden_layers"),
+    "gptj": ("GPTJConfig", dict(n_embd=256, n_head=4, n_inner=1024, n_positions=512, rotary_dim=32), "n_layer"),
+    "phi": ("PhiConfig", dict(hidden_size=256, num_attention_heads=4, intermediate_size=1024), "num_hidden_layers"),
 }
 _NO_DROPOUT = ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout",
                "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout", "embed_dropout", "resid_dropout")
@@ -344,16 +348,17 @@ def test_a_blocks_activation_bytes_are_what_autograd_saves(family: str) -> None:
     # Eager attention in bf16, batch 8 x 128 tokens, bytes per block read from autograd's saved tensors against the
     # formula: GPT-2's eight-op GELU, BERT, Llama's fp32 RMSNorm (fp32 copy and normalised input kept), its K and V
     # repeated to every head (repeat_kv) and its fp32 softmax, OPT's ReLU (one tensor of the MLP's width), BLOOM's
-    # fp32 softmax, GPT-Neo's fp32 scores. Within 3% (measured when written: 0-1% each; before the norm, repeat,
-    # ReLU, upcast terms Llama read -15%, OPT +22%).
+    # fp32 softmax, GPT-Neo's fp32 scores, GPT-NeoX's two norms of one input and GPT-J's and Phi's one norm feeding
+    # attention and MLP side by side. Within 3% (measured when written: 0-1% each; before the norm, repeat, ReLU,
+    # upcast and parallel-residual terms Llama read -15%, OPT +22%, GPT-NeoX +5%, Phi +6%).
     tf = pytest.importorskip("transformers")
     from zerotune.predictor.catalog import model_from_hf_dict
     cls, kwargs, layers_key = _FAMILIES[family]
 
     def config(layers: int):
         extra = {"attention_types": [[["global", "local"], layers // 2]]} if family == "gpt_neo" else {}
-        cfg = getattr(tf, cls)(**kwargs, **extra, vocab_size=1000, max_position_embeddings=512,
-                               **{layers_key: layers})
+        positions = {} if family == "gptj" else {"max_position_embeddings": 512}
+        cfg = getattr(tf, cls)(**kwargs, **extra, **positions, vocab_size=1000, **{layers_key: layers})
         for key in _NO_DROPOUT:
             if hasattr(cfg, key):
                 setattr(cfg, key, 0.0)
