@@ -369,3 +369,23 @@ def test_a_blocks_activation_bytes_are_what_autograd_saves(family: str) -> None:
     spec = model_from_hf_dict(config(2).to_dict(), family, "")
     assert not spec.dropout and spec.attention == "eager"
     assert layer_activation_bytes(spec, 8, 128, 2) == pytest.approx(measured, rel=0.03)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_dropout_masks_are_one_byte_an_element_as_cuda_keeps_them(family: str) -> None:
+    # With dropout on (the configs' 0.1 rates), the CPU's dropout is a product with a 16-bit mask where CUDA's
+    # native_dropout keeps a bool one: autograd on this CPU saves exactly one byte more per mask element than the
+    # formula's one byte (two masks of the hidden width and one over the scores, per token), nothing else.
+    tf = pytest.importorskip("transformers")
+    from zerotune.predictor.catalog import model_from_hf_dict
+    cls, kwargs, layers_key = _FAMILIES[family]
+
+    def config(layers: int):
+        return getattr(tf, cls)(**kwargs, vocab_size=1000, max_position_embeddings=512, **{layers_key: layers})
+
+    measured = _saved_bytes_per_layer(
+        lambda n: tf.AutoModelForCausalLM.from_config(config(n), attn_implementation="eager"), 8, 128, lm=True)
+    spec = model_from_hf_dict(config(2).to_dict(), family, "")
+    assert spec.dropout
+    mask_elements = 8 * 128 * (2 * spec.hidden_size + spec.num_heads * 128)
+    assert layer_activation_bytes(spec, 8, 128, 2) + mask_elements == pytest.approx(measured, rel=0.01)
