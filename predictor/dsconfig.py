@@ -462,7 +462,11 @@ def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
         return "adamw", 0.0  # a client optimizer: zerotune assumes the Adam family
     if not isinstance(opt, dict) or not isinstance(opt.get("type"), str):
         raise ValueError("ds_config optimizer must be an object with a string \"type\", e.g. {\"type\": \"AdamW\"}")
-    params = opt.get("params") or {}
+    params = opt.get("params")
+    if params is None:
+        params = {}
+    elif not isinstance(params, dict):
+        raise ValueError(f"ds_config optimizer.params must be an object, e.g. {{\"lr\": 0.0001}}, got {params!r}")
     momentum = params.get("momentum", 0.0)
     momentum = 0.0 if momentum == AUTO or not isinstance(momentum, (int, float)) else float(momentum)
     return opt["type"].lower().replace("_", ""), momentum
