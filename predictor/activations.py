@@ -29,14 +29,13 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     mask = MASK_BYTES if model.dropout else 0
     # Not split by tensor parallelism: two norm inputs, the QKV and MLP inputs, two output dropout masks. Attention
     # and MLP side by side (ModelSpec.parallel_residual) share the norms' input, and with one norm its output.
-    norms = 1 if model.parallel_residual == "one_norm" else 2
     inputs = {"none": 4, "two_norms": 3, "one_norm": 2}[model.parallel_residual]
     replicated = inputs * h * d + 2 * h * mask
     if model.norm == "rmsnorm" and d < FP32_BYTES:
         # transformers' RMSNorm (LlamaRMSNorm: x.to(float32), pow, x * rsqrt(var + eps), .to(dtype), weight * x,
         # the ops predictor/ops.py _norm times) keeps the fp32 copy for pow and the product, and the normalised
         # 16-bit x for the weight's product, instead of one 16-bit input: 4 more bytes an element, each norm
-        replicated += norms * h * FP32_BYTES
+        replicated += model.num_block_norms * h * FP32_BYTES
     # Split: Q, K, V, attention-output input; softmax output (+ its dropout mask and output); the MLP: the
     # activation's input and the down projection's input, SwiGLU's gate and up outputs and their SiLU and
     # product, or, for GPT-2's tanh-approximated GELU as eager ops (transformers activations.py
@@ -49,7 +48,7 @@ def layer_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, act
     # eager_attention_forward), which keep the repeated copies
     kept_kv = model.q_dim if model.attention == "eager" else kv
     attention = (model.q_dim + 2 * kept_kv + model.q_dim) * d + scores
-    if model.attention == "eager" and model.attention_upcast == "scores" and d < FP32_BYTES:
+    if model.eager_upcast(d) == "scores":
         attention += (model.q_dim + kv) * (FP32_BYTES - d)  # the score matmul keeps fp32 copies of Q and K
     # ReLU's backward reads its output, which is also the down projection's input: one tensor of the MLP's width
     plain = {"gelu_new": 5 * f, "relu": f}.get(model.activation, 2 * f)
@@ -89,7 +88,7 @@ def _score_bytes(model: ModelSpec, act_bytes: int, keys: int) -> float:
     output (and its dropout mask and output) eagerly, the fp32 log-sum-exp of each query row under flash."""
     if model.attention == "flash":
         return model.num_heads * FP32_BYTES
-    if model.attention_upcast != "none" and act_bytes < FP32_BYTES:
+    if model.eager_upcast(act_bytes) != "none":
         # softmax keeps its fp32 output; the context matmul keeps the probabilities cast back (or their dropout's
         # output, beside its mask)
         return model.num_heads * keys * (FP32_BYTES + act_bytes + (MASK_BYTES if model.dropout else 0))

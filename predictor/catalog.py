@@ -280,25 +280,25 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
     """Traits any family's config states through its keys: rotary, ALiBi (BLOOM) or T5's bucketed relative
     positions (no position table in any), a gated MLP (SiLU's SwiGLU in the Llama lineage, T5's gated-gelu)."""
     out: dict[str, Any] = {}
+    model_type = cfg.get("model_type")
     if any(cfg.get(k) is not None for k in _ROTARY_KEYS) or cfg.get("position_embedding_type") == "rotary":
         out["position_embedding"] = "rotary"
-    elif cfg.get("alibi") or (cfg.get("attn_config") or {}).get("alibi") or cfg.get("model_type") == "bloom":
+    elif cfg.get("alibi") or (cfg.get("attn_config") or {}).get("alibi") or model_type == "bloom":
         out["position_embedding"] = "none"
     elif cfg.get("relative_attention_num_buckets"):
         out["position_embedding"] = "relative"  # T5's bias table: buckets x heads, a few hundred values
     if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
         out["num_kv_heads"] = 1  # Falcon's and GPT-BigCode's single shared key/value head
-    if cfg.get("model_type") == "bloom":
+    if model_type == "bloom":
         out["embedding_norm"] = True  # transformers models/bloom/modeling_bloom.py word_embeddings_layernorm
-    model_type = cfg.get("model_type")
     if model_type in ("gptj", "codegen", "phi") or (model_type == "falcon" and cfg.get("parallel_attn", True)):
         two = model_type == "falcon" and cfg.get("new_decoder_architecture") and cfg.get("num_ln_in_parallel_attn") != 1
         out["parallel_residual"] = "two_norms" if two else "one_norm"
     elif model_type == "gpt_neox" and cfg.get("use_parallel_residual", True):
         out["parallel_residual"] = "two_norms"
-    if cfg.get("model_type") in _SOFTMAX_UPCAST:
+    if model_type in _SOFTMAX_UPCAST:
         out["attention_upcast"] = "softmax"
-    elif cfg.get("model_type") in ("gptj", "codegen"):
+    elif model_type in ("gptj", "codegen"):
         out["attention_upcast"] = "scores"  # query.to(torch.float32) before the score matmul, as GPT-Neo
     if cfg.get("hidden_act") in ("silu", "swiglu") or str(cfg.get("feed_forward_proj", "")).startswith("gated"):
         out["gated_mlp"] = True

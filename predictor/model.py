@@ -112,9 +112,10 @@ class ModelSpec:
     """Modules one block runs: the block, every submodule whose forward is called (linears, norms, the attention
     and MLP wrappers, activation and dropout modules, dropouts of rate 0 included), for ZeRO-3's hooks, which
     DeepSpeed registers on every module and which fire on each call (runtime/zero/parameter_offload.py:337-528).
-    0: the built-in workload's tree, each module owning parameters and the block. Hugging Face trees run more:
-    GPT-2's block 13 (6 own parameters), BERT's 18 (8), DeBERTa-v2's 19 (8), GPT-Neo's 16 (8), Llama's 13 (9),
-    counted in transformers 5.17 (benchmarks/gpu_grid_worker.py builds them); the profiling run counts the user's."""
+    0: the built-in workload's tree, each module owning parameters and the block. Hugging Face blocks run more:
+    GPT-2's 12 (6 own parameters), BERT's 17 (8), DeBERTa-v2's 21 calls (8; two projections run twice), GPT-Neo's
+    16 (8), Llama's 13 (9), counted with forward hooks in transformers 5 (the catalog's values); the profiling run
+    counts the modules of the user's block (calibrate/inspect_model.py _hooked_modules)."""
     hooked_outer_modules: int = 0
     """Modules outside the blocks whose forward runs (the root, embeddings, their norm and dropout, the final norm,
     the head; containers such as ModuleList are never called). 0: the built-in workload's tree."""
@@ -196,6 +197,15 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def num_block_norms(self) -> int:
+        """Norms in one block: two, or one feeding attention and MLP side by side (parallel_residual)."""
+        return 1 if self.parallel_residual == "one_norm" else 2
+
+    def eager_upcast(self, element_bytes: int) -> Literal["none", "softmax", "scores"]:
+        """attention_upcast where it changes anything: eager attention over activations narrower than fp32."""
+        return self.attention_upcast if self.attention == "eager" and element_bytes < 4 else "none"
+
     def replace(self, **changes: object) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
 
@@ -228,7 +238,7 @@ class ModelSpec:
             for proj in ("q", "k", "v"):
                 t += self._linear(f"{p}.cross.{proj}", h, q, self.qkv_bias, layer)
             t += self._linear(f"{p}.cross.out", q, h, self.out_bias, layer)
-        if self.parallel_residual != "one_norm":
+        if self.num_block_norms == 2:
             t += self._norm(f"{p}.norm2", layer)
         experts = [f"{p}.mlp"] if not self.num_experts else [f"{p}.mlp.experts.{e}" for e in range(self.num_experts)]
         if self.num_experts:  # the router: h -> one score per expert

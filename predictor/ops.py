@@ -164,16 +164,12 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
         return fused, FLASH_BACKWARD_PER_FORWARD * fused, flops
     # d(probs) = d(context) V^T and dV = probs^T d(context); dQ = d(scores) K and dK = d(scores)^T Q
     score_grads = 2 * gemm_s(s, d, s, heads, rates)
-    if _fp32_scores(model, rates):  # Q K^T and both its gradients on fp32 operands (ModelSpec.attention_upcast)
+    if model.eager_upcast(rates.element_bytes) == "scores":  # Q K^T and both its gradients on fp32 operands
         fp32 = dataclasses.replace(rates, matmul_flops_per_s=rates.fp32_matmul_flops_per_s or rates.matmul_flops_per_s,
                                    element_bytes=4)
         scores, score_grads = gemm_s(s, s, d, heads, fp32), 2 * gemm_s(s, d, s, heads, fp32)
     backward = gemm_s(s, s, d, heads, rates) + gemm_s(s, d, s, heads, rates) + score_grads
     return scores + context, backward, flops
-
-
-def _fp32_scores(model: ModelSpec, rates: DeviceRates) -> bool:
-    return model.attention == "eager" and model.attention_upcast == "scores" and rates.element_bytes < 4
 
 
 def causal_flash_share(model: ModelSpec, s: int) -> float:
@@ -235,8 +231,8 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     tokens = b * s
     hidden, inner = tokens * model.hidden_size, tokens * model.mlp_width / tp
     drop = 1 if model.dropout else 0
-    # two norms (one: ModelSpec.parallel_residual 'one_norm') and the rotary embedding of q and k
-    norms = 1 if model.parallel_residual == "one_norm" else 2
+    # the block's norms (ModelSpec.num_block_norms) and the rotary embedding of q and k
+    norms = model.num_block_norms
     norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
     rope_f, rope_b, rk_f, rk_b = _rotary(model, tokens, tp, rates)
     fwd, bwd = norms * norm_f + rope_f, norms * norm_b + rope_b
@@ -275,16 +271,17 @@ def _eager_scores(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRate
     scores, passes = b * model.num_heads / tp * s * s, 3 + drop
     fwd = _elementwise(scores, passes, passes, drop * scores, rates) + drop * _mask_draws(scores, rates)
     bwd = _elementwise(scores, passes + 1, passes, drop * scores, rates)
-    if model.attention_upcast == "none" or rates.element_bytes >= 4:
+    upcast = model.eager_upcast(rates.element_bytes)
+    if upcast == "none":
         return fwd, bwd, passes
     # in bytes beyond those passes: softmax writes fp32 and a cast reads it back (forward); the cast's gradient
     # widens to fp32 and softmax's backward reads its fp32 output and gradient
     e = rates.element_bytes
-    extra_f, extra_b = (4 - e) + (4 + e), (e + 4) + (8 - 2 * e)
-    if model.attention_upcast == "scores":  # the scale and mask passes (each way) over fp32 scores as well
-        extra_f, extra_b = extra_f + 2 * 2 * (4 - e), extra_b + 2 * 2 * (4 - e)
-    return (fwd + _elementwise(scores, 0, 0, scores * extra_f, rates),
-            bwd + _elementwise(scores, 0, 0, scores * extra_b, rates), passes + 1)
+    extra_f_bytes, extra_b_bytes = (4 - e) + (4 + e), (e + 4) + (8 - 2 * e)  # per score element
+    if upcast == "scores":  # the scale and mask passes (each way) over fp32 scores as well
+        extra_f_bytes, extra_b_bytes = extra_f_bytes + 2 * 2 * (4 - e), extra_b_bytes + 2 * 2 * (4 - e)
+    return (fwd + _elementwise(scores, 0, 0, scores * extra_f_bytes, rates),
+            bwd + _elementwise(scores, 0, 0, scores * extra_b_bytes, rates), passes + 1)
 
 
 def _disentangled_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates
