@@ -81,8 +81,9 @@ def test_a_replay_and_a_tune_on_the_same_grid_run_the_same_experiments(tmp_path:
 def test_replay_figures_on_the_small_grids_hold() -> None:
     # Figures of `python -m benchmarks.replay` (2026-11-25, search of issue 13 with a second ZeRO stage run before
     # stopping): ds_autotuning_hf_v100 real 100% of 8 groups within 3% (2.38 experiments), wrong 95% of 80
-    # (2.06); the CPU grid real within in 4 experiments
-    # (one per ZeRO stage: the CPU model is off by up to 2x between stages). Pinned with a little slack.
+    # (2.06); the CPU grid real within in 4 experiments (one per ZeRO stage: the CPU model is off by up to 2x between
+    # stages), in 2 since ZeRO-3 is held to its ZeRO-2 sibling (2026-11-27: z0 micro-batch 8, then z1 micro-batch 8;
+    # ZeRO-3 at 8, which the CPU profile ranked 2% above ZeRO-2, is not run). Pinned with a little slack.
     from benchmarks.replay import data_sets
     sets = dict(data_sets())
     hf = sets["ds_autotuning_hf_v100"]()
@@ -92,7 +93,7 @@ def test_replay_figures_on_the_small_grids_hold() -> None:
     cpu = [name for name in sets if name.startswith("cpu_grid_zt-gpt-small")]
     if cpu:
         outcome = replay(sets[cpu[0]](), "cpu", 8)
-        assert outcome.within_share == 1.0 and outcome.max_experiments <= 4
+        assert outcome.within_share == 1.0 and outcome.max_experiments <= 3
 
 
 def test_error_shares_split_a_per_stage_error_into_the_family_specific_part() -> None:
