@@ -294,3 +294,15 @@ def test_a_smaller_micro_batch_of_a_measured_family_cannot_beat_it_without_pipel
     assert choose(replace(cands, larger_batch_better=False), ran, U, done).index == 0
     piped = tuple(f[:5] + (2,) for f in FAMILIES)
     assert choose(replace(cands, families=piped), ran, U, done).index == 0
+
+
+def test_zero3_below_a_measured_zero2_micro_batch_is_held_by_both_bounds() -> None:
+    # ZeRO-2 ran at micro-batch 16; ZeRO-3 at 8 (predicted 3x faster by a wrong model) is at most ZeRO-2 at 8, which
+    # is at most ZeRO-2 at 16 as measured: the two bounds chain (the CPU head to head of 2026-11-27 ran ZeRO-3 at
+    # micro-batch 9 below ZeRO-2's measured 18 before they did), so the search stops
+    cands = _stages_2_and_3([1.0, 1.8, 1.0 / 3, 1.8 / 1.1], ratio=[0.5, 0.7, 0.4, 0.6])
+    done = np.zeros(4, dtype=bool)
+    done[[1, 3]] = True
+    ran = [_observe(cands, 1, 1.8), _observe(cands, 3, 2.5)]
+    after = choose(cands, ran, U, done)
+    assert after.index is None and "cannot beat" in after.reason

@@ -498,19 +498,19 @@ def _dominated(cands: Candidates, observations: Sequence[Observation], goodness:
                 if o.index is not None and o.status in MEASURED and o.step_s}
     ran = {o.index for o in observations if o.index is not None}
     goodness, bound = goodness.copy(), bound.copy()
-    for i, siblings in _zero2_siblings(cands):
-        caps = [(measured[j], measured[j] + NOISE_STD) if j in measured else (goodness[j], bound[j])
-                for j in siblings if j in measured or (j not in ran and p_fit[j] >= 0.5)]
-        if caps:
-            goodness[i] = min(goodness[i], max(c[0] for c in caps))
-            bound[i] = min(bound[i], max(c[1] for c in caps))
-    if cands.larger_batch_better:
+    if cands.larger_batch_better:  # first, so that a ZeRO-2 sibling below a measured micro-batch holds its ZeRO-3
         for j, value in measured.items():
             if cands.families[cands.family[j]][5] > 1:
                 continue
             smaller = (cands.family == cands.family[j]) & (cands.micro_batch < cands.micro_batch[j])
             goodness[smaller] = np.minimum(goodness[smaller], value)
             bound[smaller] = np.minimum(bound[smaller], value + NOISE_STD)
+    for i, siblings in _zero2_siblings(cands):
+        caps = [(measured[j], measured[j] + NOISE_STD) if j in measured else (goodness[j], bound[j])
+                for j in siblings if j in measured or (j not in ran and p_fit[j] >= 0.5)]
+        if caps:
+            goodness[i] = min(goodness[i], max(c[0] for c in caps))
+            bound[i] = min(bound[i], max(c[1] for c in caps))
     return goodness, bound
 
 
