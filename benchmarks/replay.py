@@ -225,8 +225,9 @@ def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidate
         samples.append(est.samples_per_step)
         measured.append(math.log(est.samples_per_step / row.step_s) if row.status == "ok" and row.step_s else -math.inf)
     gain = metric_gain("throughput", np.array(samples, dtype=float), np.zeros(len(rows)))
+    gpu = rows[0].job.cluster.hardware.kind != "cpu"  # as validate.search.candidate_table decides it
     return Candidates(tuple(families), np.array(family), np.array(mbs), np.array(steps), np.array(ratios),
-                      gain), np.array(measured)
+                      gain, larger_batch_better=gpu), np.array(measured)
 
 
 def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None) -> GroupOutcome:

@@ -68,9 +68,9 @@ and HF figures unchanged, the CPU grid's 1 -> 4 experiments).
 
 Two bounds come from DeepSpeed's structure, not from the model (_dominated), and hold whatever it predicts: a
 ZeRO-3 configuration is never faster than its ZeRO-2 sibling at the same micro-batch, and without pipeline stages
-a family's smaller micro-batch is never faster (in throughput) than a larger one that ran. Replay, seed 13, before
--> after: CPU grid real model 4 -> 2 experiments, wrong model 83% -> 89% of choices within 3% at 3.17 -> 2.51
-experiments; H200 grids' wrong models 3.56 -> 3.30 and 3.81 -> 3.22 experiments at 90.5% -> 90.5% and 96% -> 95%;
+a family's smaller micro-batch is never faster (in throughput) than a larger one that ran (on a GPU). Replay, seed
+13, before -> after: CPU grid real model 4 -> 2 experiments, wrong model 83% -> 89% of choices within 3% at 3.17 ->
+2.60 experiments; H200 grids' wrong models 3.56 -> 3.30 and 3.81 -> 3.22 experiments at 90.5% -> 90.5% and 96% -> 95%;
 the rest unchanged or fewer experiments. Stopping rule
 (as before): no configuration not yet run has an optimistic bound beating the measured best (by more
 than MIN_GAIN_REL).
@@ -172,8 +172,12 @@ class Candidates:
     cost_s: np.ndarray | None = None
     """Predicted wall seconds of running each as an experiment (start-up plus the timed steps); None: all alike."""
     larger_batch_better: bool = True
-    """Whether the metric grows with the micro-batch in a family (throughput and FLOP/s; not latency, a step's
-    time, which grows with it): _measured_caps's micro-batch rule holds only then."""
+    """Whether a family's metric may be taken to grow with the micro-batch (_dominated's micro-batch bound):
+    throughput and FLOP/s on a GPU. Not latency (a step's time grows with the micro-batch), and not on the CPU,
+    where a larger micro-batch's working set outgrows the caches: DeepSpeed's autotuner measured a 4 x 384
+    encoder's ZeRO-0 at 15.7, 15.2 and 14.8 samples/s at micro-batch 22, 27 and 32, and micro-batch 16 ran its
+    forward at 38.6 ms a sample against 39.7 at 32 and its backward at 79 against 93 (2026-11-27, this
+    machine's head to head)."""
 
     def __len__(self) -> int:
         return len(self.step_s)
@@ -488,12 +492,13 @@ def _dominated(cands: Candidates, observations: Sequence[Observation], goodness:
     deliberately wrong model of benchmarks.replay; the CPU profile put ZeRO-3 at micro-batch 8 2% above ZeRO-2)
     spends no experiment on it.
 
-    A smaller micro-batch of a measured family without pipeline stages (larger_batch_better metrics only): the
+    A smaller micro-batch of a measured family without pipeline stages (Candidates.larger_batch_better): the
     work per sample is the same and the per-micro-step and per-step costs (launches, hooks, the optimizer step,
-    the gradient reduction) are spread over fewer samples, so its throughput is at most the larger one's. In
-    every grid here (1,574 pairs of one family, benchmarks.replay's data sets) none without pipeline stages ran
-    more than 2% faster at the smaller micro-batch; with pipeline stages at a fixed global batch it did (the
-    bubble's share grows as accumulation shrinks: vTrain and BLOOM, up to 1.29x), so those are left alone."""
+    the gradient reduction) are spread over fewer samples, so its throughput is at most the larger one's. Of
+    the GPU grids' 799 pairs of one family without pipeline stages (benchmarks.replay's data sets: vTrain, the
+    16-V100 table, both H200 grids) none ran more than 2% faster at the smaller micro-batch; with pipeline stages
+    at a fixed global batch some did (the bubble's share grows as accumulation shrinks: vTrain and BLOOM, up to
+    1.29x), and on the CPU too (Candidates.larger_batch_better), so those are left alone."""
     measured = {o.index: float(cands.gain[o.index]) - math.log(o.step_s) for o in observations
                 if o.index is not None and o.status in MEASURED and o.step_s}
     ran = {o.index for o in observations if o.index is not None}
@@ -601,7 +606,8 @@ def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric
     flops = np.asarray(table.model_flops_per_gpu, dtype=float).ravel()
     samples = np.asarray(table.samples_per_step, dtype=float).ravel()
     cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
-                       ratio.ravel(), metric_gain(metric, samples, flops), larger_batch_better=metric != "latency")
+                       ratio.ravel(), metric_gain(metric, samples, flops),
+                       larger_batch_better=metric != "latency" and hw.kind != "cpu")
     return SearchTable(table, cands, flops)
 
 
