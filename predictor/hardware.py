@@ -65,6 +65,11 @@ class HardwareSpec:
     CPU rank torch's dropout draws its mask with bernoulli_ on the rank's one thread, 10-22 ns per element against
     0.55-0.83 ns for a copy (torch 2.13, this project's CPU; data/hardware/cpu.yaml). 0 on GPUs, where the mask's
     random numbers come from the kernel itself (Philox) and cost only its bytes."""
+    subnormal_gemm_slowdown: float = 0.0
+    """How much longer a GEMM takes per unit share of subnormal values in an operand: time x (1 + this x share).
+    x86 cores run a vector instruction with a subnormal operand through a microcode assist (~100-150 cycles
+    against half a cycle) unless flush-to-zero is set, which PyTorch leaves off. Measured on this project's CPU
+    (data/hardware/cpu.yaml); 0 on GPUs, whose FMA units take subnormals at full rate."""
     gemm_tile_elems: int = 128
     """Largest output tile edge the device's GEMM kernels pad a dimension to (ops.gemm_s: tile and wave
     quantization). 128 on GPUs (cuBLAS/CUTLASS thread-block tiles); a CPU core's kernels block the output in

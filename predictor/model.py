@@ -108,6 +108,13 @@ class ModelSpec:
     """Bytes a block keeps for backward, measured over zerotune.predictor.activations' formula: 1 for the implementations
     the formula describes; zerotune tune's profiling run measures it for the user's own code (saved-tensor hooks on
     the first block, validate/profiled.py)."""
+    logits_grad_subnormal_share: float = 0.0
+    """Share of the logits' gradient values that are subnormal floats (nonzero, below the dtype's smallest normal),
+    as zerotune tune's profiling run reads it on the CPU at each backward (the median; validate/profiled.py). A model
+    trained from scratch whose tied embedding keeps nn.Embedding's N(0, 1) initialisation puts logits tens of units
+    apart, so softmax probabilities underflow: tests/fixtures/scripts/encoder_mlm.py read 3.3% at its first
+    backward and 1.5% six AdamW steps later. The logits' backward GEMMs slow with it on a CPU
+    (HardwareSpec.subnormal_gemm_slowdown). 0 in the catalog: a pretrained model's, or a GPU's, costs nothing."""
     hooked_modules_per_layer: int = 0
     """Modules one block runs: the block, every submodule whose forward is called (linears, norms, the attention
     and MLP wrappers, activation and dropout modules, dropouts of rate 0 included), for ZeRO-3's hooks, which
@@ -162,6 +169,9 @@ class ModelSpec:
         if self.vocab_size < 0 or (self.vocab_size == 0 and self.head == "lm"):
             raise ValueError(f"model {self.name!r}: vocab_size must be positive for a vocabulary head (head: lm), or 0 "
                              f"with head: none or pooler for inputs that are not tokens, got {self.vocab_size}")
+        if not 0.0 <= self.logits_grad_subnormal_share <= 1.0:
+            raise ValueError(f"model {self.name!r}: logits_grad_subnormal_share must be a share from 0 to 1, got "
+                             f"{self.logits_grad_subnormal_share}")
         if not self.activation_scale > 0:
             raise ValueError(f"model {self.name!r}: activation_scale must be positive, got {self.activation_scale}")
         if self.num_experts < 0 or not 1 <= self.experts_per_token <= max(self.num_experts, 1):

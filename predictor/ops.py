@@ -75,6 +75,8 @@ class DeviceRates:
     fp32_matmul_flops_per_s: float = 0.0
     """The fp32 GEMM rate, for the matmuls a 16-bit model runs in fp32 (ModelSpec.attention_upcast 'scores');
     0 means matmul_flops_per_s."""
+    subnormal_gemm_slowdown: float = 0.0
+    """HardwareSpec.subnormal_gemm_slowdown."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -85,7 +87,8 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        * eff.memory_bandwidth_efficiency, launch,
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
-                       hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale)
+                       hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
+                       hw.subnormal_gemm_slowdown)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -379,6 +382,9 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp
         f_s, b_s, flops = _linear(tokens, model.hidden_size, model.vocab_size / tp, rates, trained)
+        # both backward GEMMs take the logits' gradient as an operand (dX = dY W, dW = dY^T X); where some of its
+        # values are subnormal, a CPU runs them through microcode assists (HardwareSpec.subnormal_gemm_slowdown)
+        b_s = b_s * (1.0 + rates.subnormal_gemm_slowdown * model.logits_grad_subnormal_share)
         if model.cross_entropy == "fused":  # one kernel reads the logits; backward reads them, writes the gradient
             fwd += f_s + _elementwise(logits, 1, 0, 0, rates)
             bwd += b_s + _elementwise(logits, 1, 1, 0, rates)

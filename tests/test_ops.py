@@ -251,3 +251,18 @@ def test_a_fused_cross_entropy_passes_over_the_logits_once_each_way() -> None:
     assert eager.forward_s - fused.forward_s == pytest.approx(3 * logits_bytes / rates.memory_bytes_per_s, rel=1e-6)
     assert eager.backward_s - fused.backward_s == pytest.approx(3 * logits_bytes / rates.memory_bytes_per_s, rel=1e-6)
     assert fused.forward_flops == eager.forward_flops
+
+
+def test_subnormal_logit_gradients_slow_the_heads_backward_gemms_on_the_cpu_only() -> None:
+    # data/hardware/cpu.yaml subnormal_gemm_slowdown: this CPU multiplied a 1280 x 8192 logits' gradient with 3.27%
+    # subnormal values by its weight at 24 GFLOP/s against 179 for a normal one (x7.5 = 1 + 195 x 0.0327). The
+    # head's two backward GEMMs take that gradient as an operand; its forward and the blocks are untouched.
+    base = replace(load_model("gpt2"), logits_grad_subnormal_share=0.0)
+    sub = replace(base, logits_grad_subnormal_share=0.0327)
+    cpu = device_rates(load_hardware("cpu"), "fp32", Efficiency())
+    plain, slowed = outer_times(base, 10, 128, 1, cpu, True), outer_times(sub, 10, 128, 1, cpu, True)
+    assert slowed.forward_s == plain.forward_s
+    gemm_b = float(gemm_s(1280, 768, 50257, 1, cpu) + gemm_s(768, 50257, 1280, 1, cpu))  # dX and dW of the head
+    assert float(slowed.backward_s - plain.backward_s) == pytest.approx(195 * 0.0327 * gemm_b, rel=0.05)
+    h100 = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())  # a GPU's FMA units take subnormals
+    assert outer_times(sub, 10, 128, 1, h100, True).backward_s == outer_times(base, 10, 128, 1, h100, True).backward_s

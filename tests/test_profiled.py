@@ -824,3 +824,20 @@ def test_a_device_too_slow_for_the_2048_matmul_is_timed_at_512(monkeypatch, budg
 
     rate = site._matmul_rate(Engine())
     assert (rate["m"], rate["dtype"]) == (edge, "fp32") and rate["flops_per_s"] > 0
+
+
+def test_the_logits_gradients_subnormal_share_is_the_median_of_the_backward_passes(tmp_path: Path) -> None:
+    """The CPU profiling run samples each backward's logits gradient (calibrate/profiling_site); the model carries
+    the median, which the logits' backward GEMMs are costed with (ModelSpec.logits_grad_subnormal_share). Shares
+    as the encoder fixture's run read them on 2026-11-27."""
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}]
+    shares = [0.027195, 0.027195, 0.02664, 0.022477, 0.028305, 0.017482, 0.01517, 0.01443]
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs, logits_grad_subnormal_shares=shares)
+    run = read_profiled(prefix, "enc", 2)
+    assert run.model.logits_grad_subnormal_share == pytest.approx(0.024559, abs=1e-6)
+    assert any("2.46% subnormal values" in line for line in run.read)
+    path = _yaml(tmp_path, run)
+    assert load_model(str(path)).logits_grad_subnormal_share == pytest.approx(0.024559, abs=1e-6)
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs)  # a GPU's run records none: nothing changes
+    assert read_profiled(prefix, "enc", 2).model.logits_grad_subnormal_share == 0.0

@@ -395,6 +395,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
                                                                      str(model_doc.get("dtype", "")), read,
                                                                      source[1] if source else None), 4))
+    spec = _subnormal_logits(spec, rank0, read)
     peaks = _training_peaks(ranks)
     impl = _optimizer_impl(rank0.get("optimizer"), read, assumed)
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
@@ -403,6 +404,20 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len)
+
+
+def _subnormal_logits(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]) -> ModelSpec:
+    """The model with the median share of subnormal values its profiling run read in the logits' gradient (the CPU
+    only: calibrate/profiling_site; ModelSpec.logits_grad_subnormal_share), said in `read` when there are any."""
+    shares = [float(s) for s in rank0.get("logits_grad_subnormal_shares") or [] if isinstance(s, (int, float))]
+    if spec.head != "lm" or not shares:
+        return spec
+    share = float(statistics.median(shares))
+    if share > 0:
+        read.append(f"the logits' gradient held {share:.2%} subnormal values (median of {len(shares)} backward "
+                    f"passes): on the CPU its backward GEMMs run through microcode assists and are costed slower; "
+                    f"torch.set_flush_denormal(True) in the script would spare it")
+    return spec.replace(logits_grad_subnormal_share=round(share, 6))
 
 
 def _training_peaks(ranks: Sequence[Mapping[str, Any]]) -> list[float]:

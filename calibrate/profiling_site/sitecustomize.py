@@ -12,7 +12,7 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   seconds per optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
   max_memory_allocated), and the optimizer the engine steps (its class and its fused / foreach settings); rank 0
   also times one matmul and one tensor copy before the first step (the device's pace today, against the
-  calibration's).
+  calibration's); on the CPU, each backward's share of subnormal values in the logits' gradient (sampled).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
 """
@@ -35,6 +35,7 @@ _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
 MAX_LENGTHS = 256  # token inputs' lengths recorded per rank (each forward's; a profiling run makes a few)
+SUBNORMAL_STRIDE = 97  # every 97th value of the logits' gradient is looked at: a sample, not a second pass over it
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -350,6 +351,35 @@ def _copy_rate() -> dict[str, Any]:
     return {"bytes": COPY_BYTES, "bytes_per_s": 2.0 * COPY_BYTES / seconds}
 
 
+def _watch_logits_gradients(state: dict[str, Any]) -> None:
+    """On the CPU: the share of subnormal values (nonzero, below the dtype's smallest normal) in the gradient of every
+    cross-entropy's input, the logits, sampled every SUBNORMAL_STRIDE-th value. A CPU multiplies subnormal operands
+    through microcode assists, so the logits' backward GEMMs slow with this share (ModelSpec.
+    logits_grad_subnormal_share). torch.nn.functional.cross_entropy is wrapped, which nn.CrossEntropyLoss and
+    transformers' losses call by attribute; a script that imported the function itself before deepspeed.initialize
+    is not seen, and its share stays unread (0)."""
+    import torch
+    import torch.nn.functional as functional
+
+    cross_entropy = functional.cross_entropy
+    state["logits_grad_subnormal_shares"] = []
+
+    def record(grad: torch.Tensor) -> None:
+        sample = grad.detach().reshape(-1)[::SUBNORMAL_STRIDE]
+        if sample.is_floating_point() and sample.numel():
+            tiny = torch.finfo(sample.dtype).tiny
+            share = ((sample != 0) & (sample.abs() < tiny)).float().mean()
+            state["logits_grad_subnormal_shares"].append(round(float(share), 6))
+
+    @functools.wraps(cross_entropy)
+    def watched(input: Any, *args: Any, **kwargs: Any) -> Any:
+        if (isinstance(input, torch.Tensor) and input.requires_grad
+                and len(state["logits_grad_subnormal_shares"]) < MAX_LENGTHS):
+            input.register_hook(record)
+        return cross_entropy(input, *args, **kwargs)
+    functional.cross_entropy = watched
+
+
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "input_lengths": [], "block_input": None, "forward_calls": 0,
@@ -384,6 +414,8 @@ def _attach(engine: Any) -> None:
     if rank == 0 and not inspect.readable(doc):  # what the model costs stands in for what could not be read
         blocks, state["stand_in"] = None, True
     _hooks(engine, state, blocks[1] if blocks else None)
+    if get_accelerator().device_name() == "cpu":
+        _watch_logits_gradients(state)
     _wrap_step(engine, state, f"{_OUT}.rank{rank}.json")
 
 
