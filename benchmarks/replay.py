@@ -41,7 +41,8 @@ from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Half, Skip, fram
                                        row_case, split_rows)
 from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from zerotune.validate.plan import build_job
-from zerotune.validate.search import Candidates, Choice, Observation, family_of, metric_gain, run_search
+from zerotune.validate.search import (Candidates, Choice, Observation, family_of, larger_batch_better, metric_gain,
+                                      run_search)
 from zerotune.validate.settings import DEFAULT_TOP_K
 from zerotune.validate.calibration import load_profile_for
 
@@ -225,9 +226,9 @@ def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidate
         samples.append(est.samples_per_step)
         measured.append(math.log(est.samples_per_step / row.step_s) if row.status == "ok" and row.step_s else -math.inf)
     gain = metric_gain("throughput", np.array(samples, dtype=float), np.zeros(len(rows)))
-    gpu = rows[0].job.cluster.hardware.kind != "cpu"  # as validate.search.candidate_table decides it
+    bound = larger_batch_better("throughput", rows[0].job.cluster.hardware.kind)
     return Candidates(tuple(families), np.array(family), np.array(mbs), np.array(steps), np.array(ratios),
-                      gain, larger_batch_better=gpu), np.array(measured)
+                      gain, larger_batch_better=bound), np.array(measured)
 
 
 def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None) -> GroupOutcome:

@@ -92,7 +92,7 @@ from zerotune.predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, 
 from zerotune.predictor.space import SearchSpace
 from zerotune.validate.results import Prediction
 
-__all__ = ["FamilyKey", "family_of", "Candidates", "Observation", "Posterior", "Choice", "posterior",
+__all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice", "posterior",
            "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
            "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
            "already_measured", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
@@ -133,6 +133,11 @@ _FACTORS = ((0,), (1, 2), (3,), (4,), (5,))
 pipeline parallel (separate mechanisms: TP's all-reduces in every layer, PP's bubble and stage-to-stage sends)."""
 assert abs(SHARES["shared"] + len(_FACTORS) * SHARES["factor"] + SHARES["family"] + SHARES["mb"] + SHARES["own"]
            - 1.0) < 1e-9, "the kernel's shares must make up the prior variance"
+
+
+def larger_batch_better(metric: Metric, hardware_kind: str) -> bool:
+    """Candidates.larger_batch_better for a metric on a kind of device."""
+    return metric != "latency" and hardware_kind != "cpu"
 
 
 def family_of(cfg: DSConfig) -> FamilyKey:
@@ -526,8 +531,9 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
     p_fit = _monotone(cands, observations, fit_probability(cands.memory_ratio, memory_bounds(observations,
                                                                                           uncertainty)))
     predicted = cands.gain - np.log(cands.step_s) - post.mean
-    goodness, bound = _dominated(cands, observations, predicted, predicted + BAND_Z * post.std, p_fit)
-    held = bound < predicted + BAND_Z * post.std  # bounded by DeepSpeed's structure, not by the model's band
+    banded = predicted + BAND_Z * post.std
+    goodness, bound = _dominated(cands, observations, predicted, banded, p_fit)
+    held = bound < banded  # bounded by DeepSpeed's structure, not by the model's band
     std = np.maximum((bound - goodness) / BAND_Z, 1e-9)
     open_ = ~done & (p_fit > 0)
     if not open_.any():
@@ -607,7 +613,7 @@ def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric
     samples = np.asarray(table.samples_per_step, dtype=float).ravel()
     cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
                        ratio.ravel(), metric_gain(metric, samples, flops),
-                       larger_batch_better=metric != "latency" and hw.kind != "cpu")
+                       larger_batch_better=larger_batch_better(metric, hw.kind))
     return SearchTable(table, cands, flops)
 
 
