@@ -313,6 +313,10 @@ def main(argv: list[str] | None = None) -> None:
         write_json_atomic(_metrics_path(args, cfg), metrics)
         print(f"zerotune workload: step {metrics['step_s']:.3f} s, peak {metrics['peak_memory_bytes'] / 2**20:.0f} "
               f"MiB, metrics in {_metrics_path(args, cfg)}", flush=True)
+    # Leave together and tear the process group down before the interpreter does: a gloo or shared-memory
+    # communication thread still joinable at exit aborts the rank ("terminate called without an active exception").
+    deepspeed.comm.barrier()
+    deepspeed.comm.destroy_process_group()
 
 
 if __name__ == "__main__":

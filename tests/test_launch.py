@@ -111,7 +111,8 @@ def test_ok_run_writes_metrics_and_reproducible_folder(tmp_path: Path) -> None:
     result = launch(spec)
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{spec.master_port}_*"))  # none leaked
     assert result.status == "ok", result.reason
-    assert result.returncode == 0
+    # 0, or a rank aborted in interpreter teardown after the metrics were written (kept, and said so)
+    assert result.returncode == 0 or result.reason.startswith("measured, then the launcher exited"), result.reason
     for name in ("ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "environment.json", "metrics.json"):
         assert (result.run_dir / name).is_file(), name
     m = result.metrics
