@@ -306,3 +306,35 @@ def test_zero3_below_a_measured_zero2_micro_batch_is_held_by_both_bounds() -> No
     ran = [_observe(cands, 1, 1.8), _observe(cands, 3, 2.5)]
     after = choose(cands, ran, U, done)
     assert after.index is None and "cannot beat" in after.reason
+
+
+def test_checkpointing_and_offload_are_held_to_the_sibling_without_them() -> None:
+    # At the same micro-batch, checkpointing re-runs each block's forward in backward and offload moves the step to
+    # the host; neither removes work (both H200 grids: 0.67-0.83x and 0.32-0.48x the sibling's throughput). A wrong
+    # model that ranks them 1.5x faster spends no experiment on them once the lighter sibling ran ...
+    plain, ckpt, offload = ((1, "none", "none", False, 1, 1), (1, "none", "none", True, 1, 1),
+                            (1, "cpu", "none", False, 1, 1))
+    mbs = np.array([8, 8, 8])
+    cands = Candidates((plain, ckpt, offload), np.array([0, 1, 2]), mbs, np.array([1.0, 1 / 1.5, 1 / 1.5]),
+                       np.array([0.6, 0.3, 0.4]), np.log(mbs.astype(float)))
+    done = np.array([True, False, False])
+    after = choose(cands, [_observe(cands, 0, 1.0)], U, done)
+    assert after.index is None and "cannot beat" in after.reason
+    # ... and where the sibling without them ran out of memory, they are the one way to that micro-batch
+    oom = choose(cands, [_observe(cands, 0, 0.0, "oom")], U, done)
+    assert oom.index in (1, 2)
+
+
+def test_a_smaller_micro_batch_is_held_to_a_larger_one_that_is_itself_held() -> None:
+    # ZeRO-3 at micro-batch 8 (with accumulation 2, the same samples a step) is at most ZeRO-3 at 16, not run but
+    # likely fitting, which is at most ZeRO-2 at 16 as measured: the H200 grid's wrong-model replay ran ZeRO-3 at
+    # 4 x 2 after ZeRO-2 at 8 had run (h200_grid#3, seed 45)
+    mbs = np.array([16, 16, 8])
+    cands = Candidates((Z2, Z3), np.array([0, 1, 1]), mbs, np.array([1.0, 1.0 / 1.2, 1.0 / 2]),
+                       np.array([0.5, 0.5, 0.3]), np.log(np.array([16.0, 16.0, 16.0])))
+    done = np.array([True, False, False])
+    after = choose(cands, [_observe(cands, 0, 1.0)], U, done)
+    assert after.index is None and "cannot beat" in after.reason
+    # the bound from a larger micro-batch needs it to fit: said not to fit, it leaves the smaller one open
+    tight = replace(cands, memory_ratio=np.array([0.5, 1.6, 0.3]))
+    assert choose(tight, [_observe(tight, 0, 1.0)], U, done).index == 2
