@@ -220,6 +220,18 @@ def test_a_second_zero_stage_is_run_before_stopping_when_within_the_stage_error(
     assert after_one.index in (4, 5)  # even where no band beats the best by 60%
 
 
+def test_a_second_stage_predicted_up_to_three_times_slower_is_still_run() -> None:
+    """The uncalibrated model ranked GPT-2 XL's ZeRO-3 first on 16 V100s where it measured 3.1x slower than ZeRO-1
+    (issue 12): a stage predicted 2.5x slower than the measured best still gets its second-opinion experiment;
+    predicted 4x slower it does not."""
+    families = ((1, "none", "none", False, 1, 1), (0, "none", "none", False, 1, 1), (2, "cpu", "none", False, 1, 1))
+    for slower, runs in ((2.5, True), (4.0, False)):
+        cands = replace(_cands(step_s=[1.0, 1.8, 1.0 * slower, 1.8 * slower, 30.0, 50.0]), families=families)
+        done = np.array([False, True] + [False] * 4)
+        after = choose(cands, [_observe(cands, 1, 1.8)], U, done)
+        assert (after.index in (2, 3)) == runs, (slower, after)
+
+
 def test_a_stage_stopped_early_counts_as_the_second_stage() -> None:
     """A T5 script's tune (2026-11-26): ZeRO-0 finished, ZeRO-3 was stopped early as slower; the third and last
     experiment went to ZeRO-1 as yet another 'second stage' instead of ZeRO-0 at a larger micro-batch. A stopped run

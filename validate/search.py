@@ -124,10 +124,14 @@ MIN_GAIN_REL = 0.05
 """An experiment is worth running only if its optimistic bound beats the measured best by more than this: step
 times spread by a few percent between runs, so a smaller win could hardly be told from noise (the value is
 the one that kept the replay's choices within 3% of the best with the fewest experiments, benchmarks.replay)."""
-STAGE_ERROR = 2.0
-"""How far off a whole ZeRO stage's predictions may be before any measurement of it: the uncalibrated model's
-ZeRO-3 throughput was about 2x optimistic against the published 16-V100 Hugging Face table (issue 12). A stage
-predicted slower than the measured best by more than this is not run as a second opinion."""
+STAGE_ERROR = 3.0
+"""How far off one ZeRO stage's predictions may be against another's before any measurement of it: against the
+published 16-V100 Hugging Face table (issue 12) the uncalibrated model's ZeRO-3 throughput was about 2x optimistic
+on average, and it ranked GPT-2 XL's ZeRO-3 first where it measured 12.9 samples/s against ZeRO-1's 40.2 (3.1x).
+A stage predicted slower than the measured best by more than this is not run as a second opinion. 2 -> 3, replay
+seed 13, deliberately wrong model (stages off by up to 4x against each other): within 3% of the best CPU grid 89%
+-> 92%, H200 grid 90.5% -> 92.4%, shapes grid 96% -> 97%, BLOOM 94.3% -> 95.7%, 16-V100 table 95.2% -> 99.0%, at
+3.11 -> 3.23, 2.92 -> 3.09, 2.93 -> 3.05 and 1.97 -> 2.10 experiments; the real model's figures unchanged."""
 MEASURED = ("ok", "stopped")
 """Statuses whose step time was measured (a stopped run for fewer steps): both correct the predictions and
 both fitted in memory; only ok runs compete for the optimum."""
