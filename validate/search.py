@@ -66,15 +66,15 @@ predicted within STAGE_ERROR of the best instead (_second_stage): a stage's erro
 bound (replay, wrong model, CPU grid: 63% -> 72% of choices within 3% of the best; the real model's vTrain, BLOOM
 and HF figures unchanged, the CPU grid's 1 -> 4 experiments).
 
-Two bounds come from DeepSpeed's structure, not from the model (_dominated), and hold whatever it predicts: a
-configuration that adds work to a lighter sibling at the same micro-batch (ZeRO-3 to ZeRO-2, checkpointing or
-offload to none) is never faster than it, and without pipeline stages a family's smaller micro-batch is never
-faster (in throughput) than a larger one (on a GPU); a bound holds through a sibling or a larger micro-batch that
-has not run but likely fits, so they chain. Replay, seed 13, before -> after the ZeRO-3 bound and the measured
-micro-batch bound: CPU grid real model 4 -> 2 experiments, wrong model 83% -> 89% of choices within 3% at 3.17 ->
-2.60 experiments; H200 grids' wrong models 3.56 -> 3.30 and 3.81 -> 3.22 experiments at 90.5% -> 90.5% and 96% ->
-95%. Then checkpointing, offload and the chain through unmeasured candidates: H200 grids' wrong models 3.30 ->
-3.11 (max 6 -> 5) and 3.22 -> 2.92 (max 6 -> 4) experiments at 90.5% and 95% -> 96%; the rest unchanged.
+Two bounds come from DeepSpeed's structure, not from the model (zerotune.validate.bounds), and hold whatever it
+predicts: a configuration that adds work to a lighter sibling at the same micro-batch (ZeRO-3 to ZeRO-2,
+checkpointing or offload to none) is never faster than it, and without pipeline stages a family's smaller
+micro-batch is never faster (in throughput) than a larger one (on a GPU); a bound holds through a sibling or a larger
+micro-batch that has not run but likely fits, so they chain. Replay, seed 13, before -> after the ZeRO-3 bound and
+the measured micro-batch bound: CPU grid real model 4 -> 2 experiments, wrong model 83% -> 89% of choices within 3%
+at 3.17 -> 2.60 experiments; H200 grids' wrong models 3.56 -> 3.30 and 3.81 -> 3.22 experiments at 90.5% -> 90.5%
+and 96% -> 95%. Then checkpointing, offload and the chain through unmeasured candidates: H200 grids' wrong models
+3.30 -> 3.11 (max 6 -> 5) and 3.22 -> 2.92 (max 6 -> 4) experiments at 90.5% and 95% -> 96%; the rest unchanged.
 Stopping rule (as before): no configuration not yet run has an optimistic bound beating the measured best (by
 more than MIN_GAIN_REL).
 """
@@ -82,26 +82,24 @@ more than MIN_GAIN_REL).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 from scipy.special import ndtr
 
-from zerotune.calibrate.measurement import Measurement, Status
-from zerotune.predictor.dsconfig import DSConfig
-from zerotune.predictor.job import Efficiency, Job
-from zerotune.predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, evaluate_space
-from zerotune.predictor.space import SearchSpace
+from zerotune.predictor.rank import Metric, Uncertainty
+from zerotune.validate.bounds import dominated
+from zerotune.validate.candidates import (MEASURED, NOISE_STD, Candidates, FamilyKey, Observation, SearchTable,
+                                          already_measured, candidate_table, family_of, larger_batch_better,
+                                          measured_job, metric_gain, metric_of_goodness, observation_of)
 from zerotune.validate.results import Prediction
 
-__all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice", "posterior",
-           "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
+__all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice",
+           "posterior", "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
            "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
            "already_measured", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
 
-FamilyKey = tuple[int, str, str, bool, int, int]
-"""(ZeRO stage, optimizer offload device, parameter offload device, activation checkpointing, tp, pp)."""
 BAND_Z = 2.0
 """The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
 MEMORY_Z = 2.0
@@ -118,8 +116,6 @@ micro-batch term: a configuration's own term is for knobs the model does not tel
 observation's noise_std), so a neighbour of a measured micro-batch (z1 mb30 beside a measured z1 mb32) keeps a band
 of a few percent, not the +-8% that made the H200 head to head of 2026-11-27 run it (own 0.02 -> 0.005, mb 0.05 ->
 0.065: replay seed 13 unchanged within 0.1 experiment a group, BLOOM 2.86 -> 2.79)."""
-NOISE_STD = 0.02
-"""Measurement noise of a log step time (run-to-run spread of DeepSpeed's engine timers, a few percent)."""
 MIN_GAIN_REL = 0.05
 """An experiment is worth running only if its optimistic bound beats the measured best by more than this: step
 times spread by a few percent between runs, so a smaller win could hardly be told from noise (the value is
@@ -132,88 +128,11 @@ A stage predicted slower than the measured best by more than this is not run as 
 seed 13, deliberately wrong model (stages off by up to 4x against each other): within 3% of the best CPU grid 89%
 -> 92%, H200 grid 90.5% -> 92.4%, shapes grid 96% -> 97%, BLOOM 94.3% -> 95.7%, 16-V100 table 95.2% -> 99.0%, at
 3.11 -> 3.23, 2.92 -> 3.09, 2.93 -> 3.05 and 1.97 -> 2.10 experiments; the real model's figures unchanged."""
-MEASURED = ("ok", "stopped")
-"""Statuses whose step time was measured (a stopped run for fewer steps): both correct the predictions and
-both fitted in memory; only ok runs compete for the optimum."""
 _FACTORS = ((0,), (1, 2), (3,), (4,), (5,))
 """The family key's positions of each factor: stage, offload (both devices), checkpointing, tensor parallel,
 pipeline parallel (separate mechanisms: TP's all-reduces in every layer, PP's bubble and stage-to-stage sends)."""
 assert abs(SHARES["shared"] + len(_FACTORS) * SHARES["factor"] + SHARES["family"] + SHARES["mb"] + SHARES["own"]
            - 1.0) < 1e-9, "the kernel's shares must make up the prior variance"
-
-
-def larger_batch_better(metric: Metric, hardware_kind: str) -> bool:
-    """Candidates.larger_batch_better for a metric on a kind of device."""
-    return metric != "latency" and hardware_kind != "cpu"
-
-
-def family_of(cfg: DSConfig) -> FamilyKey:
-    z = cfg.zero
-    return (z.stage, z.offload_optimizer.device, z.offload_param.device, cfg.activation_checkpointing.enabled,
-            cfg.mp_size, cfg.pp_size)
-
-
-def metric_gain(metric: Metric, samples_per_step: np.ndarray, model_flops_per_gpu: np.ndarray) -> np.ndarray:
-    """log of the metric's numerator: goodness = gain - log(step_s) is log(metric) for throughput (samples/s)
-    and flops (FLOP/s per GPU), and -log(latency in ms) for latency, so larger goodness is always better."""
-    if metric == "throughput":
-        return np.log(np.asarray(samples_per_step, dtype=float))
-    if metric == "flops":
-        return np.log(np.asarray(model_flops_per_gpu, dtype=float))
-    return np.full(np.shape(samples_per_step), -math.log(1e3))
-
-
-def metric_of_goodness(metric: Metric, goodness: float) -> float:
-    return math.exp(goodness) if MAXIMISED[metric] else math.exp(-goodness)
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """Every configuration the search may run, flattened, with the model's predictions."""
-
-    families: tuple[FamilyKey, ...]
-    family: np.ndarray
-    """Index into `families`, per configuration."""
-    micro_batch: np.ndarray
-    step_s: np.ndarray
-    """Predicted seconds per optimizer step."""
-    memory_ratio: np.ndarray
-    """Predicted peak over capacity (the device's or the node's host memory, whichever is tighter)."""
-    gain: np.ndarray
-    """metric_gain of each configuration."""
-    cost_s: np.ndarray | None = None
-    """Predicted wall seconds of running each as an experiment (start-up plus the timed steps); None: all alike."""
-    larger_batch_better: bool = True
-    """Whether a family's metric may be taken to grow with the micro-batch (_dominated's micro-batch bound):
-    throughput and FLOP/s on a GPU. Not latency (a step's time grows with the micro-batch), and not on the CPU,
-    where a larger micro-batch's working set outgrows the caches: DeepSpeed's autotuner measured a 4 x 384
-    encoder's ZeRO-0 at 15.7, 15.2 and 14.8 samples/s at micro-batch 22, 27 and 32, and micro-batch 16 ran its
-    forward at 38.6 ms a sample against 39.7 at 32 and its backward at 79 against 93 (2026-11-27, this
-    machine's head to head)."""
-
-    def __len__(self) -> int:
-        return len(self.step_s)
-
-    def with_cost(self, startup_s: float, steps: int) -> "Candidates":
-        """These candidates with cost_s = startup_s + steps x the predicted step."""
-        return replace(self, cost_s=startup_s + steps * self.step_s)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """A configuration that was run: an experiment of this search, or a measurement given beforehand."""
-
-    family: FamilyKey
-    micro_batch: int
-    predicted_step_s: float
-    memory_ratio: float
-    status: Status
-    step_s: float | None = None
-    index: int | None = None
-    """The candidate it ran, when it is one."""
-    noise_std: float = NOISE_STD
-    """Standard error of log(step_s): NOISE_STD, or more for a run whose few steps spread widely (the profiling run
-    at the smallest micro-batch)."""
 
 
 @dataclass(frozen=True)
@@ -469,116 +388,6 @@ def _second_stage(cands: Candidates, observations: Sequence[Observation], likely
     return likely & np.array([cands.families[k][0] != stage for k in cands.family])
 
 
-def _lighter(family: FamilyKey) -> list[FamilyKey]:
-    """The families that run the same step as `family` with one of its additions taken away: ZeRO-2 for ZeRO-3
-    (without parameter offload, which only ZeRO-3 has), no checkpointing, no optimizer or parameter offload."""
-    stage, opt, param, ckpt, tp, pp = family
-    out = []
-    if stage == 3:
-        out.append((2, opt, "none", ckpt, tp, pp))
-    if ckpt:
-        out.append((stage, opt, param, False, tp, pp))
-    if opt != "none":
-        out.append((stage, "none", param, ckpt, tp, pp))
-    if param != "none":
-        out.append((stage, opt, "none", ckpt, tp, pp))
-    return out
-
-
-def _lighter_siblings(cands: Candidates) -> list[tuple[int, np.ndarray]]:
-    """(candidate, its lighter siblings: the configurations of a _lighter family at the same micro-batch and
-    accumulation), the candidates with fewer additions first, so that a bound chains (ZeRO-3 with checkpointing
-    held to ZeRO-3 without, itself held to ZeRO-2)."""
-    index = {f: k for k, f in enumerate(cands.families)}
-    weight = lambda f: (f[0] == 3) + (f[1] != "none") + (f[2] != "none") + bool(f[3])  # noqa: E731
-    pairs = []
-    for k in sorted(range(len(cands.families)), key=lambda k: weight(cands.families[k])):
-        lighter = [index[f] for f in _lighter(cands.families[k]) if f in index]
-        if not lighter:
-            continue
-        same = np.isin(cands.family, lighter)
-        for i in np.flatnonzero(cands.family == k):
-            match = np.flatnonzero(same & (cands.micro_batch == cands.micro_batch[i])
-                                   & np.isclose(cands.gain, cands.gain[i], rtol=0, atol=1e-9))
-            if len(match):
-                pairs.append((int(i), match))
-    return pairs
-
-
-def _dominated(cands: Candidates, observations: Sequence[Observation], goodness: np.ndarray, bound: np.ndarray,
-               p_fit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(goodness, optimistic bound) held to what DeepSpeed's structure allows, whatever the model predicts.
-
-    A configuration that runs a lighter sibling's step plus more work, at the same micro-batch and accumulation
-    (_lighter_siblings), is never faster than it; its one way to win is a micro-batch the sibling cannot fit.
-    - ZeRO-3 against ZeRO-2: ZeRO-3 runs what ZeRO-2 runs (the same forward and backward, gradients
-      reduce-scattered from the same buckets into each rank's partition, the same partitioned optimizer step;
-      DeepSpeed 0.19 runtime/zero/stage3.py and stage_1_and_2.py, both reduce_independent_p_g_buckets_and_
-      remove_grads) and adds a gather and a release of every module's parameters in forward and again in
-      backward, through hooks on every module (runtime/zero/parameter_offload.py setup_zero_stage3_hooks,
-      partitioned_param_coordinator.py fetch_sub_module / release_sub_module). In every measured grid here
-      ZeRO-3's step was 1.10-3.0x ZeRO-2's on the GPU and at least 0.985x on the CPU (noise, micro-batch 1).
-    - Activation checkpointing against none: the backward runs each checkpointed block's forward again
-      (runtime/activation_checkpointing/checkpointing.py CheckpointFunction.backward calls ctx.run_function
-      again; torch.utils.checkpoint alike) and nothing is removed. Measured (both H200 grids, 5 pairs):
-      0.67-0.83x the throughput.
-    - Optimizer or parameter offload against none: the optimizer step runs on the host (DeepSpeedCPUAdam) and
-      gradients and parameters cross the host link (stage_1_and_2.py async_inplace_copy_grad_to_fp32_buffer_from_
-      gpu, stage3.py partition_grads' offload_fp32_gradients); the step's device work is still done. Measured
-      (H200 grid, 3 pairs): 0.32-0.48x.
-    So a candidate is held to its lighter siblings (the best of them): to a sibling's measurement (within
-    NOISE_STD) where it ran, to its prediction and band where it likely fits and has not run; a sibling that ran
-    out of memory (or likely does not fit) leaves it open. A model that predicts the heavier one faster (the
-    deliberately wrong model of benchmarks.replay; the CPU profile put ZeRO-3 at micro-batch 8 2% above ZeRO-2)
-    spends no experiment on it.
-
-    A smaller micro-batch of a measured family without pipeline stages (Candidates.larger_batch_better): the
-    work per sample is the same and the per-micro-step and per-step costs (launches, hooks, the optimizer step,
-    the gradient reduction) are spread over fewer samples, so its throughput is at most the larger one's. Of
-    the GPU grids' 799 pairs of one family without pipeline stages (benchmarks.replay's data sets: vTrain, the
-    16-V100 table, both H200 grids) none ran more than 2% faster at the smaller micro-batch; with pipeline stages
-    at a fixed global batch some did (the bubble's share grows as accumulation shrinks: vTrain and BLOOM, up to
-    1.29x), and on the CPU too (Candidates.larger_batch_better), so those are left alone."""
-    measured = {o.index: float(cands.gain[o.index]) - math.log(o.step_s) for o in observations
-                if o.index is not None and o.status in MEASURED and o.step_s}
-    ran = {o.index for o in observations if o.index is not None}
-    goodness, bound = goodness.copy(), bound.copy()
-
-    def cap_of(j: int) -> tuple[float, float] | None:
-        """What candidate j bounds: its measurement where it ran, its (held) prediction and band where it likely
-        fits and has not run; nothing where it ran out of memory or likely does not fit."""
-        if j in measured:
-            return measured[j], measured[j] + NOISE_STD
-        return (float(goodness[j]), float(bound[j])) if j not in ran and p_fit[j] >= 0.5 else None
-
-    def hold(i: int, caps: list[tuple[float, float]]) -> bool:
-        g, b = min(goodness[i], min(c[0] for c in caps)), min(bound[i], min(c[1] for c in caps))
-        changed = g < goodness[i] or b < bound[i]
-        goodness[i], bound[i] = g, b
-        return changed
-
-    families = [k for k, f in enumerate(cands.families) if f[5] == 1] if cands.larger_batch_better else []
-    siblings = _lighter_siblings(cands)
-    for _ in range(4):  # until the chains settle (a ZeRO-3 micro-batch below one held to its ZeRO-2 sibling)
-        changed = False
-        for k in families:  # each micro-batch held to the next larger one, from the largest down
-            members = np.flatnonzero(cands.family == k)
-            above: list[tuple[float, float]] = []
-            for mb in sorted(set(cands.micro_batch[members].tolist()), reverse=True):
-                at = [int(i) for i in members if cands.micro_batch[i] == mb]
-                if above:
-                    for i in at:
-                        changed |= i not in measured and hold(i, above)
-                above += [c for c in map(cap_of, at) if c is not None]
-        for i, lighter in siblings:
-            caps = [c for c in map(cap_of, lighter.tolist()) if c is not None]
-            if caps and i not in measured:
-                changed |= hold(i, [(max(c[0] for c in caps), max(c[1] for c in caps))])
-        if not changed:
-            break
-    return goodness, bound
-
-
 def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
            done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
     """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
@@ -587,7 +396,7 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
                                                                                           uncertainty)))
     predicted = cands.gain - np.log(cands.step_s) - post.mean
     banded = predicted + BAND_Z * post.std
-    goodness, bound = _dominated(cands, observations, predicted, banded, p_fit)
+    goodness, bound = dominated(cands, observations, predicted, banded, p_fit)
     held = bound < banded  # bounded by DeepSpeed's structure, not by the model's band
     std = np.maximum((bound - goodness) / BAND_Z, 1e-9)
     open_ = ~done & (p_fit > 0)
@@ -614,7 +423,8 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
     if not can_beat.any():
         top = int(np.argmax(np.where(open_, bound, -np.inf)))
         gain = 100 * (math.exp(bound[top] - best) - 1)
-        how = f"falls {-gain:.1f}% short" if gain <= 0 else f"beats it by only {gain:.1f}%, within the {margin:.0%} margin"
+        how = (f"falls {-gain:.1f}% short" if gain <= 0
+               else f"beats it by only {gain:.1f}%, within the {margin:.0%} margin")
         return Choice(None, f"stopped: the best remaining prediction cannot beat the measured best within its "
                             f"uncertainty (its optimistic bound {how})", float(goodness[top]),
                       float(goodness[top] - BAND_Z * std[top]), float(bound[top]),
@@ -642,76 +452,8 @@ def run_search(cands: Candidates, uncertainty: Uncertainty, budget: int,
     return ran, None
 
 
-# -- the space of `tune` as candidates ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SearchTable:
-    """The space as the search sees it: zerotune.validate.search.Candidates and the configuration behind each index."""
-
-    table: SpaceTable
-    candidates: Candidates
-    model_flops_per_gpu: np.ndarray
-
-    def config(self, index: int) -> DSConfig:
-        return self.table.config(*divmod(index, self.table.micro_batch.shape[0]))
-
-
-def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric: Metric) -> SearchTable:
-    """Every configuration of the space with its prediction, flattened (variant-major, as rank orders ties)."""
-    table = evaluate_space(job, space, efficiency)
-    hw = job.cluster.hardware
-    ratio = np.maximum(table.memory_bytes / hw.memory_bytes, table.host_bytes_per_node / hw.host_memory_bytes)
-    families = [family_of(v) for v in table.variants]
-    keys = tuple(dict.fromkeys(families))
-    family = np.repeat(np.array([keys.index(f) for f in families]), table.micro_batch.shape[0])
-    flops = np.asarray(table.model_flops_per_gpu, dtype=float).ravel()
-    samples = np.asarray(table.samples_per_step, dtype=float).ravel()
-    cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
-                       ratio.ravel(), metric_gain(metric, samples, flops),
-                       larger_batch_better=larger_batch_better(metric, hw.kind))
-    return SearchTable(table, cands, flops)
-
-
-def already_measured(table: SearchTable, measurements: Sequence[Measurement]) -> np.ndarray:
-    """Per candidate: whether a given measurement ran its family at its micro-batch and accumulation (the profiling
-    run: the user's ds_config at the smallest micro-batch; its buckets may differ from the candidate's, which the
-    model does not tell apart at that size). Rerunning it would only measure it again: a script with checkpointing
-    on the CPU had its first experiment spent on the profiling run's configuration, the cheapest to run."""
-    cands = table.candidates
-    accumulation = np.tile(table.table.grad_accum, len(table.table.variants))
-    done = np.zeros(len(cands), dtype=bool)
-    for m in measurements:
-        family = family_of(m.config)
-        if m.status in MEASURED and family in cands.families:
-            done |= ((cands.family == cands.families.index(family))
-                     & (cands.micro_batch == m.config.train_micro_batch_size_per_gpu)
-                     & (accumulation == m.config.gradient_accumulation_steps))
-    return done
-
-
 def prediction_of(choice: Choice, metric: Metric, memory_bytes: float) -> Prediction:
     """The search's corrected prediction in the metric's unit; the band is the optimistic-pessimistic range."""
     value = metric_of_goodness(metric, choice.goodness)
     ends = sorted((metric_of_goodness(metric, choice.goodness_low), metric_of_goodness(metric, choice.goodness_high)))
     return Prediction(choice.step_s, value, ends[0], ends[1], memory_bytes)
-
-
-def measured_job(job: Job, measurement: Measurement) -> Job:
-    """The job as the measurement ran it: its own sequence length where that differs (a profiling run of a script
-    that pads each batch to its longest sample ran at the mean length; the job is costed at the longest)."""
-    if measurement.seq_len == job.seq_len:
-        return job
-    return replace(job, seq_len=measurement.seq_len)
-
-
-def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
-    """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
-    from zerotune.predictor import estimate
-    est = estimate(measured_job(job, measurement), measurement.config, efficiency)
-    memory = est.memory
-    ratio = max(memory.total_bytes / memory.capacity_bytes,
-                memory.host_bytes_per_node / max(memory.host_capacity_bytes_per_node, 1.0))
-    ok = measurement.status in ("ok", "stopped")
-    return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
-                       est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None,
-                       noise_std=max(NOISE_STD, measurement.step_s_rel_error or 0.0))
