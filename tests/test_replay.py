@@ -116,3 +116,20 @@ def test_a_megatron_group_replays_with_its_runtime_efficiency() -> None:
     assert group.rows[0].framework is not None and group.rows[0].framework["hardware"]
     outcome = replay_group(group)
     assert outcome.num_experiments >= 1 and 0.0 < outcome.choice_over_best <= 1.0
+
+
+def test_the_search_finds_the_best_when_the_model_is_deliberately_wrong() -> None:
+    # Issue 13's robustness target, on the CPU grid and the H200 grid (`python -m benchmarks.replay`, seed 13,
+    # 2026-11-27 at c686fe9): each ZeRO stage's and each offload / checkpointing family's predictions scaled by a
+    # seeded factor in [0.5, 2], memory +-15%; 92% and 92.4% of the choices within 3% of the best measured, at 2.66
+    # and 3.23 experiments. Before the bounds of validate/bounds.py and the 3x stage error: 83% (3.17) and 90.5%
+    # (3.56). Pinned at the target (90%) and a little over the experiments.
+    from benchmarks.replay import DRAWS, MIN_WRONG_OUTCOMES, data_sets
+    sets = dict(data_sets())
+    names = [n for n in sets if n.startswith("cpu_grid_zt-gpt-small")] + ["gpu_grid/h200_grid"]
+    for name, most in zip(names, (2.8, 3.4)):
+        groups = sets[name]()
+        draws = max(DRAWS, -(-MIN_WRONG_OUTCOMES // len(groups)))
+        wrong = replay(groups, name, 8, seed=13, draws=draws)
+        assert wrong.within_share >= 0.9 and wrong.mean_experiments <= most, (name, wrong.within_share,
+                                                                              wrong.mean_experiments)
