@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
-from zerotune.predictor.limits import MAX_GRAD_ACCUM, MAX_MICRO_BATCH
+from zerotune.predictor.limits import DS_CONFIG_MAXIMA, MAX_GRAD_ACCUM, MAX_MICRO_BATCH
 
 __all__ = ["SearchSpace", "space_from_ds_config", "DEFAULT_STAGE_KNOBS", "EXPLORABLE", "explorable_on"]
 
@@ -212,6 +212,9 @@ def _batch_limits(doc: dict[str, Any], max_train: int | None, min_train: int,
     """(accumulation counts, max and min global batch): a fixed train_batch_size pins the global batch."""
     train = doc.get("train_batch_size")
     if isinstance(train, int) and not isinstance(train, bool) and train > 0:
+        if train > DS_CONFIG_MAXIMA["train_batch_size"]:  # the space's int64 arithmetic would overflow
+            raise ValueError(f"ds_config train_batch_size {train:g} is above the "
+                             f"{DS_CONFIG_MAXIMA['train_batch_size']:,} zerotune accepts; use a smaller value")
         return (), train, train
     if max_train:
         return (), int(max_train), min_train

@@ -126,3 +126,10 @@ def test_any_tuning_space_is_read_or_refused_with_a_value_error(doc: dict[str, o
         space_from_ds_config(doc, world_size=world_size, hidden_size=768)
     except ValueError:
         pass
+
+
+def test_a_train_batch_size_beyond_int64_is_refused_in_one_line() -> None:
+    # Found by the property test above (CI, 2026-11-27): train_batch_size 2**63 overflowed the space's int64 grid
+    # (OverflowError from numpy) instead of naming the key
+    with pytest.raises(ValueError, match="ds_config train_batch_size .* is above the .* zerotune accepts"):
+        space_from_ds_config({"train_batch_size": 2**63}, world_size=1, hidden_size=768)
