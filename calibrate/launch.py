@@ -33,7 +33,7 @@ from zerotune.calibrate.environment import collect_environment
 
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
            "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
-           "step_phase_times_s", "tail_text"]
+           "step_phase_times_s", "allreduce_times_s", "tail_text"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
@@ -135,6 +135,16 @@ _UPDATE_LINE = re.compile(r"time \(ms\) \|[^\n]*?optimizer_step: ([0-9.]+)")
 """ZeRO 1-3's optimizer timers line (runtime/zero/stage_1_and_2.py and stage3.py: OPTIMIZER_STEP_TIMER around the
 wrapped optimizer's step, the update alone; beside it optimizer_gradients and optimizer_allgather), printed by rank 0
 at every optimizer step with wall_clock_breakdown on."""
+
+
+_ALLREDUCE_LINE = re.compile(r"time \(ms\) \|[^\n]*?\| bwd_allreduce: ([0-9.]+)")
+"""The engine's gradient-reduction timer in the same global timer lines (runtime/engine.py _backward_epilogue
+starts it after the backward's own work and stops it after allreduce_gradients; utils/timer.py 'bwd_allreduce')."""
+
+
+def allreduce_times_s(stdout: str) -> tuple[float, ...]:
+    """The engine's bwd_allreduce timer, seconds per optimizer step, in order, as printed."""
+    return tuple(float(m.group(1)) / 1e3 for m in _ALLREDUCE_LINE.finditer(stdout))
 
 
 def step_phase_times_s(stdout: str) -> tuple[tuple[float, ...], tuple[float, ...]]:

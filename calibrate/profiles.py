@@ -82,6 +82,10 @@ class CalibrationProfile:
     """ISO 8601 date the profile was made."""
 
 
+TUNE_TIME_EFFICIENCY = ("memory_cache_gain",)
+"""Efficiency fields `tune` sets from its profiling run on the day (Efficiency.memory_cache_gain), never saved."""
+
+
 def profile_measurements(profile: CalibrationProfile) -> list[Measurement]:
     """The measurements a profile was fitted on, as Measurement records again."""
     return [from_record(r, f"profile {profile.hardware}: fitted_on") for r in profile.fitted_on["measurements"]]
@@ -134,7 +138,8 @@ def _not_computed_as_null(quality: dict[str, Any]) -> dict[str, Any]:
 
 def save_profile(profile: CalibrationProfile, path: Path) -> None:
     doc: dict[str, Any] = {"format": PROFILE_FORMAT, "hardware": profile.hardware, "created": profile.created,
-                           "efficiency": dataclasses.asdict(profile.efficiency),
+                           "efficiency": {k: v for k, v in dataclasses.asdict(profile.efficiency).items()
+                                          if k not in TUNE_TIME_EFFICIENCY},
                            "uncertainty": dataclasses.asdict(profile.uncertainty),
                            "fit_quality": _not_computed_as_null(dataclasses.asdict(profile.fit_quality)),
                            "fitted_on": profile.fitted_on, "environment": profile.environment}
@@ -186,7 +191,7 @@ back. A field not listed must be finite and >= 0."""
 def efficiency_from_dict(doc: Any, where: str = "efficiency") -> Efficiency:
     """An Efficiency from {field: number}; a misspelled field is an error, a missing one keeps its default,
     a value outside its range (EFFICIENCY_RANGES; -1, 50 or NaN as an efficiency) is an error."""
-    _check_keys(where, doc, _names(Efficiency), [])
+    _check_keys(where, doc, [n for n in _names(Efficiency) if n not in TUNE_TIME_EFFICIENCY], [])
     for key, value in doc.items():
         optional = getattr(Efficiency(), key) is None
         if value is None and optional:

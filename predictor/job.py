@@ -173,3 +173,9 @@ class Efficiency:
     own optimizer and FSDP are not charged it (zerotune.validate.accuracy.framework_efficiency)."""
     host_optimizer_params_per_s: float = 1.0e9
     """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""
+    memory_cache_gain: tuple[tuple[float, float], ...] = ()
+    """(bytes a memory-bound kernel moves, read + write; its bandwidth over the large copy's) measured on the device
+    today, smallest first: a kernel whose working set fits the caches moves its bytes faster than the copy that
+    paces memory_bandwidth_efficiency (the cache-aware roofline, Ilic, Pratas & Sousa 2014). Set by `tune` from
+    its profiling run's copies on a CPU (zerotune.validate.calibration.paced); () leaves every kernel at the large
+    copy's pace. Not part of a calibration profile."""

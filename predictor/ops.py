@@ -77,6 +77,8 @@ class DeviceRates:
     0 means matmul_flops_per_s."""
     subnormal_gemm_slowdown: float = 0.0
     """HardwareSpec.subnormal_gemm_slowdown."""
+    cache_gain: tuple[tuple[float, float], ...] = ()
+    """Efficiency.memory_cache_gain: (bytes a kernel moves, its bandwidth over memory_bytes_per_s), smallest first."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -88,7 +90,7 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
-                       hw.subnormal_gemm_slowdown)
+                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain))
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -202,8 +204,8 @@ def _norm(elems: Batch, model: ModelSpec, rates: DeviceRates) -> tuple[Batch, Ba
     sixteen_bit = rates.element_bytes < 4
     fwd_bytes, bwd_bytes = (36.0, 96.0) if sixteen_bit else (28.0, 96.0)
     kernels_f, kernels_b = (8, 16) if sixteen_bit else (6, 14)
-    return (elems * fwd_bytes / rates.memory_bytes_per_s, elems * bwd_bytes / rates.memory_bytes_per_s, kernels_f,
-            kernels_b)
+    bandwidth = _memory_bytes_per_s(elems, rates)
+    return elems * fwd_bytes / bandwidth, elems * bwd_bytes / bandwidth, kernels_f, kernels_b
 
 
 def _rotary(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, int, int]:
@@ -224,8 +226,19 @@ def _mask_draws(elems: Batch, rates: DeviceRates) -> Batch:
     return elems * rates.rng_s_per_element
 
 
+def _memory_bytes_per_s(elems: Batch, rates: DeviceRates) -> Batch:
+    """The bandwidth eager kernels over `elems` elements move their bytes at: memory_bytes_per_s, times the
+    measured gain of a copy that moves as many bytes (one read and one write of the tensor) where they fit the
+    device's caches (DeviceRates.cache_gain, interpolated in log bytes; none beyond the largest copy timed)."""
+    if not rates.cache_gain:
+        return rates.memory_bytes_per_s
+    moved, gain = np.array(rates.cache_gain, dtype=float).T
+    key = np.log(np.maximum(2.0 * elems * rates.element_bytes, 1.0))
+    return rates.memory_bytes_per_s * np.interp(key, np.log(moved), gain, left=gain[0], right=1.0)
+
+
 def _elementwise(elems: Batch, reads: float, writes: float, extra_bytes: Batch, rates: DeviceRates) -> Batch:
-    return (elems * (reads + writes) * rates.element_bytes + extra_bytes) / rates.memory_bytes_per_s
+    return (elems * (reads + writes) * rates.element_bytes + extra_bytes) / _memory_bytes_per_s(elems, rates)
 
 
 def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates

@@ -43,6 +43,12 @@ class Uncertainty:
     calibration was not fitted on runs its kernels at its own efficiency, which moves all its configurations
     together (zerotune.validate.calibration.MODEL_TRANSFER_REL). One measurement of the job removes it; the search's
     prior gives it to the shared term alone (zerotune.validate.search._variances)."""
+    slope_rel: float = 0.0
+    """A priori standard deviation of the log step-time error's trend per doubling of the micro-batch (the
+    search's slope term, zerotune.validate.search): a model the calibration was not fitted on may split its time
+    between per-sample and per-step work otherwise than the calibrated one, so a measurement at one micro-batch
+    leaves the others a band that grows with their distance from it (zerotune.validate.calibration.
+    TRANSFER_SLOPE_REL). 0: the trend is learned from measurements alone."""
 
 
 @dataclass(frozen=True)

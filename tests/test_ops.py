@@ -266,3 +266,25 @@ def test_subnormal_logit_gradients_slow_the_heads_backward_gemms_on_the_cpu_only
     assert float(slowed.backward_s - plain.backward_s) == pytest.approx(195 * 0.0327 * gemm_b, rel=0.05)
     h100 = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())  # a GPU's FMA units take subnormals
     assert outer_times(sub, 10, 128, 1, h100, True).backward_s == outer_times(base, 10, 128, 1, h100, True).backward_s
+
+
+def test_memory_bound_kernels_that_fit_the_caches_move_their_bytes_at_the_measured_cache_pace() -> None:
+    # This CPU VM's copies (2026-11-27, one thread): 85-90 GB/s moving up to 1 MiB, 26-35 GB/s at 2-64 MiB, 14 at
+    # 128 MiB. With that curve (gain over the 128 MiB copy) a layer at micro-batch 1 (kernels of ~100 KiB) runs its
+    # memory-bound kernels about 6x as fast as the large copy says, GEMMs unchanged; kernels moving more than the
+    # largest copy keep the large copy's pace
+    from zerotune.predictor.ops import _elementwise
+    gain = ((1.0 * 2**20, 6.1), (8.0 * 2**20, 1.86), (128.0 * 2**20, 1.0))
+    cpu = load_hardware("cpu")
+    plain = device_rates(cpu, "fp32", Efficiency())
+    cached = device_rates(cpu, "fp32", Efficiency(memory_cache_gain=gain))
+    small, large = 2**15, 2**26  # elements: 256 KiB moved (fp32, one read and one write), 512 MiB
+    assert _elementwise(small, 1, 1, 0, plain) / _elementwise(small, 1, 1, 0, cached) == pytest.approx(6.1)
+    assert _elementwise(large, 1, 1, 0, cached) == pytest.approx(_elementwise(large, 1, 1, 0, plain))
+    mid = 2**20  # 8 MiB moved: the measured point; 4x that interpolates in log bytes toward the large copy
+    assert _elementwise(mid, 1, 1, 0, plain) / _elementwise(mid, 1, 1, 0, cached) == pytest.approx(1.86)
+    assert 1.0 < _elementwise(4 * mid, 1, 1, 0, plain) / _elementwise(4 * mid, 1, 1, 0, cached) < 1.86
+    model = load_model("gpt2")
+    fast, slow = layer_times(model, 1, 128, 1, cached), layer_times(model, 1, 128, 1, plain)
+    assert fast.forward_s < slow.forward_s and fast.forward_flops == slow.forward_flops
+    assert gemm_s(512, 512, 512, 1, cached) == gemm_s(512, 512, 512, 1, plain)

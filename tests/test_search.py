@@ -144,6 +144,21 @@ def test_a_shared_band_is_one_offset_that_one_measurement_removes_for_every_fami
     assert after.std[1] < 1.5 * own_band and before.std[1] > 2 * after.std[1]
 
 
+def test_a_slope_prior_leaves_far_micro_batches_a_band_after_one_measurement() -> None:
+    # A user's script measured once at micro-batch 1 (the profiling run): without a slope prior the band of its
+    # micro-batch 16 was about the calibration's own (+-5% on the first_prediction fixtures of 2026-11-27) where
+    # the first experiments then measured 10% off (RMS); with TRANSFER_SLOPE_REL the band grows with the distance
+    fams = ((0, "none", "none", False, 1, 1),)
+    mbs = np.array([1, 2, 16])
+    cands = Candidates(fams, np.zeros(3, dtype=int), mbs, np.ones(3), np.full(3, 0.5), np.log(mbs.astype(float)))
+    flat = Uncertainty(step_time_rel=math.hypot(0.035, 0.15), shared_rel=0.125)
+    sloped = replace(flat, slope_rel=0.042)
+    measured = [_observe(cands, 0, 1.1)]
+    without, with_ = posterior(cands, measured, flat), posterior(cands, measured, sloped)
+    assert with_.std[2] > 1.5 * without.std[2] and with_.std[2] > with_.std[1]
+    assert with_.std[0] == pytest.approx(without.std[0], rel=0.2)  # the measured one stays measured
+
+
 def test_a_trend_in_micro_batch_seen_in_one_family_carries_to_the_others() -> None:
     # family 0 measured at micro-batch 4 as predicted and at 8 40% faster: per-step costs were overestimated,
     # which every family shares, so family 1's micro-batch 8 is corrected more than its micro-batch 4

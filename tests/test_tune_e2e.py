@@ -239,6 +239,14 @@ def test_a_vision_transformer_script_is_read_from_its_blocks(tmp_path: Path) -> 
     assert 1e9 < profiled.device_matmul[2] < 1e13
     # and a 64 MiB tensor copy (this CPU: 12-35 GB/s read + write)
     assert profiled.device_copy_bytes_per_s is not None and 1e9 < profiled.device_copy_bytes_per_s < 1e12
+    # and the engine's gradient all-reduce timer (ZeRO-0 over gloo: milliseconds)
+    assert profiled.allreduce_s is not None and 0 < profiled.allreduce_s < 10
+    # and, on a CPU, smaller copies down to 256 KiB moved: the curve ends at the 64 MiB copy, and the smallest,
+    # which fits a core's L2, ran faster than it (this VM: 85-90 GB/s against 14-26)
+    curve = profiled.device_copy_curve
+    assert curve[0][0] == 2 * 128 * 1024
+    assert curve[-1] == (2 * 64 * 2**20, profiled.device_copy_bytes_per_s)
+    assert curve[0][1] > curve[-1][1]
 
 
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
-__all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "update_paced", "MODEL_TRANSFER_REL",
-           "TRANSFER_SHARED_VARIANCE", "MAX_PACE_RATIO"]
+__all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "cache_gain", "update_paced",
+           "allreduce_paced", "MODEL_TRANSFER_REL", "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ all of it shared, a Mixtral script's first experiment at micro-batch 11 was give
 profiling run and measured 12% above its prediction."""
 
 
+TRANSFER_SLOPE_REL = 0.042
+"""Uncertainty.slope_rel for a model the calibration was not fitted on: the RMS, per doubling of the micro-batch,
+of the log error of the first experiment after the profiling run at micro-batch 1 corrected the predictions, on
+the fit half of `python -m benchmarks.first_prediction`'s scripts (encoder, decoder, hfloop, neox, vit, lora:
++0.042, -0.012, +0.034, +0.052, -0.026, +0.064 per doubling; 2026-11-27, this CPU VM, with the paces of the
+profiling run's copies and all-reduce). The other half (bert_trainer, gpt2_trainer, t5_trainer, bert_cls_ckpt,
+moe) is the check."""
+
+
 def calibration_for(settings: TuneSettings, log: Callable[[str], None] = print) -> Calibration:
     """The calibration tune starts from (_resolve_profile), its band widened by MODEL_TRANSFER_REL when the job's model
     is not one the profile was fitted on; the uncalibrated defaults without a profile."""
@@ -70,7 +79,7 @@ def calibration_for(settings: TuneSettings, log: Callable[[str], None] = print) 
         log(f"zerotune tune: the profile was fitted on {', '.join(fitted) or 'no named model'}; for another model "
             f"its step-time band widens from {bands.step_time_rel:.1%} to {wider:.1%} (MODEL_TRANSFER_REL)")
         shared = MODEL_TRANSFER_REL * math.sqrt(TRANSFER_SHARED_VARIANCE)
-        bands = replace(bands, step_time_rel=wider, shared_rel=shared)
+        bands = replace(bands, step_time_rel=wider, shared_rel=shared, slope_rel=TRANSFER_SLOPE_REL)
     return Calibration(profile.efficiency, bands, _square_matmuls(profile),
                        float(copy) if isinstance(copy, (int, float)) and copy > 0 else None)
 
@@ -143,7 +152,32 @@ def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]
         log(f"zerotune tune: a tensor copy ran at {now_copy / 1e9:.3g} GB/s in the profiling run against "
             f"{then_copy / 1e9:.3g} in the calibration: memory-bound kernels predicted x{ratio:.3g} as fast")
         eff = replace(eff, memory_bandwidth_efficiency=eff.memory_bandwidth_efficiency * ratio)
+        gain = cache_gain(settings.device_copy_curve)
+        if gain:
+            eff = replace(eff, memory_cache_gain=gain)
+            shown = ", ".join(f"x{g:.2g} at {moved / 2**20:.3g} MiB" for moved, g in gain)
+            log(f"zerotune tune: smaller copies moved their bytes faster (in the caches): memory-bound kernels "
+                f"predicted by the bytes they move, {shown}")
     return replace(model, efficiency=eff)
+
+
+def cache_gain(curve: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(bytes moved, bandwidth over the largest copy's) of the copies smaller than the largest, from a copy curve
+    (ProfiledRun.copy_curve): the bandwidth a memory-bound kernel reaches when its working set fits the caches,
+    against the large copy that paces memory_bandwidth_efficiency. Measured on this project's CPU VM
+    (2026-11-27, one thread, an Intel Xeon with 2 MiB of L2 a core): copies into a fresh tensor moving up to 1 MiB
+    ran at 75-93 GB/s, 4-16 MiB at 25-27; the 64 MiB copy into a kept tensor at 13-16 (the calibration day's
+    512 MiB copy at 35, on an AMD EPYC host), so the large copy alone paced a small model's kernels 2-6x too slow.
+    From 64 MiB moved a fresh tensor's pages fault in (glibc maps large blocks anew: 5 GB/s), which no gain below 1
+    keeps at the large copy's pace. The largest copy is the curve's last point, at 1. With the all-reduce pace
+    (allreduce_paced) the fixture scripts' profiling runs at micro-batch 1 came from 1 / 11 inside their band (RMS
+    log error 0.246) to 10 / 11 (0.10; data/measurements/first_prediction/results_2026-11-27_paces)."""
+    points = sorted((float(m), float(b)) for m, b in curve if m > 0 and b > 0)
+    if len(points) < 2:
+        return ()
+    largest, reference = points[-1]
+    return tuple((moved, max(1.0, rate / reference)) for moved, rate in points[:-1] if moved < largest) + \
+        ((largest, 1.0),)
 
 
 def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], settings: TuneSettings,
@@ -172,6 +206,39 @@ def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], s
         f"{what}) against {update * 1e3:.4g} predicted: updates predicted x{ratio:.3g} as long")
     eff = model.efficiency
     return replace(model, efficiency=replace(eff, optimizer_bytes_per_param=eff.optimizer_bytes_per_param * ratio))
+
+
+MIN_PACED_ALLREDUCE_S = 1e-3
+"""A gradient reduction predicted shorter than this is mostly latency and timer noise: not paced by."""
+
+
+def allreduce_paced(model: Calibration, job: Job, initial: Sequence[Measurement], settings: TuneSettings,
+                    log: Callable[[str], None]) -> Calibration:
+    """The model with the link's bandwidth scaled to the gradient all-reduce the profiling run's engine timed: at
+    ZeRO-0 the engine's bwd_allreduce timer holds the whole reduction after the backward (runtime/engine.py
+    _backward_epilogue -> allreduce_gradients -> buffered_allreduce_fallback, :3095), the collective and the
+    buffer copies DeepSpeed runs around it, which the model's exposed communication is at that stage. Like the
+    copy and matmul paces, a calibration's link holds for its day: the shipped CPU profile's gloo link (fitted
+    efficiency 0.338, 2026-11-23, an AMD EPYC host) put a decoder script's 29 MB all-reduce at 88 ms where its
+    profiling run's engine timed 34-49 ms (2026-11-27, an Intel Xeon host). Single node only (the run crossed one
+    link), ZeRO-0 only (ZeRO-1 reduces in its own pattern, ZeRO-2 and 3 overlap the reduction with the backward, so
+    their timer holds only a part); clipped at MAX_PACE_RATIO."""
+    timed = next((m for m in initial if m.status == "ok"), None)  # the profiling run's measurement
+    if timed is None or settings.profiled_allreduce_s is None or timed.config.zero.stage != 0 \
+            or job.cluster.num_nodes != 1:
+        return model
+    from zerotune.predictor import estimate
+    predicted = estimate(measured_job(job, timed), timed.config, model.efficiency).time.breakdown_s.get(
+        "exposed_comm", 0.0)
+    if predicted < MIN_PACED_ALLREDUCE_S or settings.profiled_allreduce_s <= 0:
+        return model
+    ratio = _clip_pace(predicted / settings.profiled_allreduce_s)
+    log(f"zerotune tune: the gradient all-reduce took {settings.profiled_allreduce_s * 1e3:.4g} ms in the profiling "
+        f"run (DeepSpeed's bwd_allreduce timer) against {predicted * 1e3:.4g} predicted: the link predicted "
+        f"x{ratio:.3g} as fast")
+    eff = model.efficiency
+    return replace(model, efficiency=replace(eff, intra_node_bandwidth_efficiency=eff.intra_node_bandwidth_efficiency
+                                             * ratio))
 
 
 def _clip_pace(ratio: float) -> float:

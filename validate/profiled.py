@@ -83,6 +83,9 @@ class ProfiledRun:
     measured_seq_len: int | None = None
     """Positions per sample the run's steps had on average, where that differs from seq_len (a collator that pads
     each batch to its longest sample: seq_len is then the longest seen); None where every input had seq_len."""
+    copy_curve: tuple[tuple[float, float], ...] = ()
+    """(bytes a copy moved, read + write; its bytes per second) of rank 0's copies from cache-sized to the large
+    one (copy_bytes_per_s), on a CPU; () where not timed (an accelerator: a small copy times its launch)."""
 
 
 Tokens = tuple[int, int]
@@ -403,7 +406,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
-                       else None, bool(model_doc.get("moe")), measured_len)
+                       else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")))
 
 
 def _subnormal_logits(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]) -> ModelSpec:
@@ -440,6 +443,15 @@ def _matmul(doc: Any) -> MatmulPace | None:
 def _copy(doc: Any) -> float | None:
     rate = doc.get("bytes_per_s") if isinstance(doc, dict) else None
     return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+
+def _copy_curve(doc: Any) -> tuple[tuple[float, float], ...]:
+    points = doc.get("cache_curve") if isinstance(doc, dict) else None
+    if not isinstance(points, list):
+        return ()
+    curve = [(float(p[0]), float(p[1])) for p in points
+             if isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and v > 0 for v in p)]
+    return tuple(sorted(curve)) if len(curve) == len(points) and len(curve) >= 2 else ()
 
 
 def _optimizer_impl(doc: Any, read: list[str], assumed: list[str]) -> OptimizerImpl | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from zerotune.calibrate.launch import RunResult, launch, step_phase_times_s, tail_text
+from zerotune.calibrate.launch import RunResult, allreduce_times_s, launch, step_phase_times_s, tail_text
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import DSConfig
 from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
@@ -75,6 +75,10 @@ class ProfileOutcome:
     """DeepSpeed's step timer, median over the run's window (TuneSettings.profiled_step_phase_s)."""
     update_s: float | None = None
     """ZeRO's optimizer_step timer, the same way (TuneSettings.profiled_update_s)."""
+    allreduce_s: float | None = None
+    """The engine's bwd_allreduce timer, the same way (TuneSettings.profiled_allreduce_s)."""
+    device_copy_curve: tuple[tuple[float, float], ...] = ()
+    """The copies from cache-sized to large the run timed (TuneSettings.device_copy_curve)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -192,10 +196,13 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    step_phase, update = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
+    window = at.end_profile_step - at.start_profile_step
+    step_phase, update = _step_phase_s(run, window)
+    reduced = allreduce_times_s(tail_text(run.run_dir / "stdout.log"))[-max(window, 1):]
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
-                          step_phase, update)
+                          step_phase, update, statistics.median(reduced) if reduced else None,
+                          profiled.copy_curve)
 
 
 def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None]:

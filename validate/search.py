@@ -230,8 +230,8 @@ def _variances(uncertainty: Uncertainty, families: Sequence[FamilyKey], centre: 
     base["shared"] += shared  # a model the calibration was not fitted on: one offset for all its configurations
     prior = {"common": base["shared"] + base["factor"] * varying.count(False),
              "specific": base["factor"] * varying.count(True) + base["family"], "within": base["mb"] + base["own"],
-             "slope": 0.0}
-    scale, slope, stage, micro_batch = {k: 1.0 for k in prior}, 0.0, 0.0, 0.0
+             "slope": uncertainty.slope_rel ** 2}
+    scale, slope, stage, micro_batch = {k: 1.0 for k in prior}, prior["slope"], 0.0, 0.0
     if errors is not None and log_mb is not None and len(errors):
         excess = _excess(errors, labels, log_mb, prior, noise_var)
         slope, stage = excess.pop("slope"), excess.pop("stage") * varying[0]

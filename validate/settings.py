@@ -81,11 +81,17 @@ class TuneSettings:
     device_copy_bytes_per_s: float | None = None
     """The tensor copy the profiling run timed (ProfiledRun.copy_bytes_per_s), against the calibration's memory
     microbenchmark (zerotune.validate.calibration.paced)."""
+    device_copy_curve: tuple[tuple[float, float], ...] = ()
+    """The copies from cache-sized to large the profiling run timed on a CPU (ProfiledRun.copy_curve): each
+    memory-bound kernel is paced by its working set's bandwidth (zerotune.validate.calibration.paced)."""
     profiled_step_phase_s: float | None = None
     """DeepSpeed's step timer in the profiling run, median seconds per optimizer step over its window
     (zerotune.validate.calibration.update_paced)."""
     profiled_update_s: float | None = None
     """ZeRO 1-3's optimizer_step timer in the profiling run (the update alone), the same way; None at ZeRO-0."""
+    profiled_allreduce_s: float | None = None
+    """DeepSpeed's bwd_allreduce timer in the profiling run, the same way (zerotune.validate.calibration.
+    allreduce_paced)."""
 
 
 @dataclass(frozen=True)

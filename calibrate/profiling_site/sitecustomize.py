@@ -34,6 +34,10 @@ _HERE = Path(__file__).resolve().parent
 _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
+CACHE_COPY_BYTES = (128 * 1024, 512 * 1024, 2 * 1024 * 1024, 8 * 1024 * 1024, 32 * 1024 * 1024)
+"""Smaller copies timed on a CPU, each into a fresh tensor: the bandwidth of an eager kernel whose working set
+fits the caches (the cache-aware roofline, Ilic, Pratas & Sousa 2014); on a GPU a copy this small times its
+launch, not its bytes."""
 MAX_LENGTHS = 256  # token inputs' lengths recorded per rank (each forward's; a profiling run makes a few)
 SUBNORMAL_STRIDE = 97  # every 97th value of the logits' gradient is looked at: a sample, not a second pass over it
 
@@ -341,14 +345,25 @@ def _copy_rate() -> dict[str, Any]:
     """This device's memory pace now: a COPY_BYTES tensor copy, counting the read and the write (as the calibration's
     microbenchmark does, calibrate/microbench.py memory_bandwidth_bytes_per_s). A VM that moved to another host can
     run its matmuls faster and its memory-bound kernels slower than on the day it was calibrated (this one: fp32
-    matmul 95 -> 155 GFLOP/s, copy 35 -> 12 GB/s)."""
+    matmul 95 -> 155 GFLOP/s, copy 35 -> 12 GB/s). On a CPU also CACHE_COPY_BYTES copies ("cache_curve": bytes
+    moved, bytes per second), a few milliseconds each."""
     import torch
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
-    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device=acc.device_name()).fill_(1.0)
-    dst = torch.empty_like(src)
-    seconds = _timing_module().per_call_s(lambda: dst.copy_(src), acc.synchronize)
-    return {"bytes": COPY_BYTES, "bytes_per_s": 2.0 * COPY_BYTES / seconds}
+    timing = _timing_module()
+
+    def rate(num_bytes: int, fresh: bool = False) -> float:
+        src = torch.empty(num_bytes // 4, dtype=torch.float32, device=acc.device_name()).fill_(1.0)
+        dst = torch.empty_like(src)
+        call = src.clone if fresh else (lambda: dst.copy_(src))
+        return 2.0 * num_bytes / timing.per_call_s(call, acc.synchronize)
+
+    doc: dict[str, Any] = {"bytes": COPY_BYTES, "bytes_per_s": rate(COPY_BYTES)}
+    if acc.device_name() == "cpu":  # bytes moved (read + write) -> bytes per second, into a fresh tensor as an eager
+        # kernel writes its output (glibc maps a large one anew each time: its pages fault in as they are written)
+        doc["cache_curve"] = [[2.0 * n, rate(n, fresh=True)] for n in CACHE_COPY_BYTES] + \
+            [[2.0 * COPY_BYTES, doc["bytes_per_s"]]]
+    return doc
 
 
 def _watch_logits_gradients(state: dict[str, Any]) -> None:
