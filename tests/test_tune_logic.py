@@ -811,6 +811,15 @@ def test_a_gpu_the_catalog_lacks_is_named_and_hardware_asked_for(line: str, name
         detected_gpu(line)
 
 
+def _profiled_zt_gpt_small():
+    """(settings, job, calibration) of a tune of the built-in zt-gpt-small on 2 CPU ranks with the shipped profile."""
+    from zerotune.validate.calibration import calibration_for
+    from tests.conftest import make_job
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "zt-gpt-small",
+                            "cpu", 2)
+    return settings, make_job("zt-gpt-small", "cpu", 1, 2, seq_len=128), calibration_for(settings, lambda _: None)
+
+
 def test_the_profiling_runs_timed_update_rescales_every_configurations_optimizer_step() -> None:
     # Unfused torch AdamW on this VM: the profiling runs of 2026-11-27 timed ZeRO-1's optimizer_step at 2.4-4x the
     # model's update (tests/fixtures/scripts: t5 24 ms against 7, mixtral 48 against 9). The update is per parameter
@@ -819,12 +828,8 @@ def test_the_profiling_runs_timed_update_rescales_every_configurations_optimizer
     from zerotune.calibrate.measurement import Measurement
     from zerotune.predictor import estimate
     from zerotune.predictor.step_time import optimizer_update_s
-    from zerotune.validate.calibration import MAX_PACE_RATIO, calibration_for, update_paced
-    from tests.conftest import make_job
-    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "zt-gpt-small",
-                            "cpu", 2)
-    job = make_job("zt-gpt-small", "cpu", 1, 2, seq_len=128)
-    model = calibration_for(settings, lambda _: None)
+    from zerotune.validate.calibration import MAX_PACE_RATIO, update_paced
+    settings, job, model = _profiled_zt_gpt_small()
     z1 = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}, world_size=2)
     update, rest = optimizer_update_s(job, z1, model.efficiency)
     assert update + rest > estimate(job, z1, model.efficiency).time.breakdown_s["optimizer_step"] >= update > 0
@@ -861,12 +866,8 @@ def test_the_profiling_runs_timed_all_reduce_paces_the_link() -> None:
     from dataclasses import replace
     from zerotune.calibrate.measurement import Measurement
     from zerotune.predictor import estimate
-    from zerotune.validate.calibration import allreduce_paced, calibration_for
-    from tests.conftest import make_job
-    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "zt-gpt-small",
-                            "cpu", 2)
-    job = make_job("zt-gpt-small", "cpu", 1, 2, seq_len=128)
-    model = calibration_for(settings, lambda _: None)
+    from zerotune.validate.calibration import allreduce_paced
+    settings, job, model = _profiled_zt_gpt_small()
     z0 = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, world_size=2)
     predicted = estimate(job, z0, model.efficiency).time.breakdown_s["exposed_comm"]
     assert predicted > 1e-3

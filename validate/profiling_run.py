@@ -196,19 +196,18 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    window = at.end_profile_step - at.start_profile_step
-    step_phase, update = _step_phase_s(run, window)
-    reduced = allreduce_times_s(tail_text(run.run_dir / "stdout.log"))[-max(window, 1):]
+    step_phase, update, reduced = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
-                          step_phase, update, statistics.median(reduced) if reduced else None,
-                          profiled.copy_curve)
+                          step_phase, update, reduced, profiled.copy_curve)
 
 
-def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None]:
-    """(DeepSpeed's step timer, ZeRO's optimizer_step timer): medians of the last `window` printed values (the
-    measuring window, as window_step_s takes the step times), None where the engine printed none."""
-    printed = step_phase_times_s(tail_text(run.run_dir / "stdout.log"))
+def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None]:
+    """(DeepSpeed's step timer, ZeRO's optimizer_step timer, the engine's bwd_allreduce timer): medians of the last
+    `window` printed values (the measuring window, as window_step_s takes the step times), None where the engine
+    printed none."""
+    stdout = tail_text(run.run_dir / "stdout.log")
+    printed = (*step_phase_times_s(stdout), allreduce_times_s(stdout))
     return tuple(statistics.median(v[-max(window, 1):]) if v else None for v in printed)  # type: ignore[return-value]
 
 
