@@ -30,7 +30,7 @@ from zerotune.calibrate.probe import select_probes
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model, \
     parse_ds_config, to_ds_config
 from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig, experiment_name
-from zerotune.validate.accuracy import model_half
+from zerotune.validate.published import model_half
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_DIR = ROOT / "data" / "measurements" / "gpu_grid"

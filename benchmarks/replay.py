@@ -37,8 +37,8 @@ import numpy as np
 from zerotune.calibrate.measurement import Measurement, Status, read_jsonl
 from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.catalog import data_dir
-from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Half, Skip, framework_efficiency, read_rows,
-                                       row_case, split_rows)
+from zerotune.validate.published import (DEFAULT_DATA_DIR, Case, Half, Skip, framework_efficiency, read_rows,
+                                        row_case, split_rows)
 from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from zerotune.validate.plan import build_job
 from zerotune.validate.search import (Candidates, Choice, Observation, family_of, larger_batch_better, metric_gain,
@@ -79,7 +79,7 @@ class GridRow:
     source: str
     framework: dict | None = None
     """A published row's fields that name its runtime (`framework`, `parallel`, `hardware`): its predictions take the
-    efficiency the accuracy report gives that runtime (validate.accuracy.framework_efficiency)."""
+    efficiency the accuracy report gives that runtime (validate.published.framework_efficiency)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def _measured_step_s(case: Case) -> float | None:
 
 def published_groups(path: Path, half: Half | Literal["all"] = "all") -> list[Group]:
     """A published data set's comparable groups with at least two distinct configurations (of one half of its
-    models on request, zerotune.validate.accuracy.split_rows)."""
+    models on request, zerotune.validate.published.split_rows)."""
     groups: dict[tuple, list[GridRow]] = {}
     for row_id, row in split_rows(read_rows(path), half):
         case = row_case(row, row_id)

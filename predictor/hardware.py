@@ -59,7 +59,7 @@ class HardwareSpec:
     dropout with its random numbers, residual adds, softmax, as a Hugging Face model runs them one op at a time);
     GEMMs stream their operands at the full copy pace. Measured below 1 on Hopper (data/hardware h100-80gb, h200),
     1 where nothing measured says otherwise. Megatron's fused kernels are not charged it
-    (zerotune.validate.accuracy.framework_efficiency)."""
+    (zerotune.validate.published.framework_efficiency)."""
     dropout_rng_s_per_element: float = 0.0
     """Seconds to draw one dropout mask element where the framework draws it outside the kernel's memory pass: on a
     CPU rank torch's dropout draws its mask with bernoulli_ on the rank's one thread, 10-22 ns per element against

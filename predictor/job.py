@@ -170,7 +170,7 @@ class Efficiency:
     kernels are tiny; the host's calls are the step's time. Measured on one H200 (data/measurements/gpu_grid,
     DeepSpeed's step timer less the predicted memory traffic, over trainable tensors): a median 108 us over the
     grid's fit-half models (bert-large, gpt2-large, gpt2-xl; stages 0-2), 52-116 us on the test half. Megatron's
-    own optimizer and FSDP are not charged it (zerotune.validate.accuracy.framework_efficiency)."""
+    own optimizer and FSDP are not charged it (zerotune.validate.published.framework_efficiency)."""
     host_optimizer_params_per_s: float = 1.0e9
     """Parameters per second a node's CPU Adam updates (DeepSpeedCPUAdam); uncalibrated default."""
     memory_cache_gain: tuple[tuple[float, float], ...] = ()

@@ -31,7 +31,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig, parse_ds_config
+from zerotune.predictor.ds_json import parse_ds_config
+from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig
 from zerotune.predictor.limits import DS_CONFIG_MAXIMA, MAX_GRAD_ACCUM, MAX_MICRO_BATCH
 
 __all__ = ["SearchSpace", "space_from_ds_config", "DEFAULT_STAGE_KNOBS", "EXPLORABLE", "explorable_on"]

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from zerotune.predictor.dsconfig import parse_ds_config, to_ds_config
+from zerotune.predictor.ds_json import parse_ds_config, to_ds_config
 
 HF_ZERO3 = {  # the ZeRO-3 template of the Hugging Face DeepSpeed integration docs
     "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,

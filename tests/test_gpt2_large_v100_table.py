@@ -3,7 +3,7 @@
 Autotuner metric (samples/s), best experiment per stage (github microsoft/DeepSpeedExamples@83757d9c,
 training/autotuning/hf/gpt2-large/README.md; also data/measurements/published/ds_autotuning_hf_v100.jsonl):
 ZeRO-1 micro-batch 3: 87.3 > ZeRO-2 micro-batch 3: 77.8 > ZeRO-0 micro-batch 2: 59.0; ZeRO-3 did not run.
-GPT-2 large is in the test half of that data set (zerotune.validate.accuracy.model_half): no default was chosen on it.
+GPT-2 large is in the test half of that data set (zerotune.validate.published.model_half): no default was chosen on it.
 """
 
 from __future__ import annotations

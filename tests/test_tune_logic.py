@@ -731,7 +731,7 @@ def test_a_trainer_filled_precision_is_costed_as_the_engine_ran_it(tmp_path: Pat
     the precision it runs (DeepSpeed casts the module), so that decides; the written section keeps "auto"."""
     from dataclasses import replace as dc_replace
 
-    from zerotune.predictor.dsconfig import to_ds_config
+    from zerotune.predictor.ds_json import to_ds_config
     from zerotune.validate.profiling_run import as_the_script_runs
     from zerotune.validate.profiled import precision_of_dtype
     assert [precision_of_dtype(d) for d in ("bfloat16", "float32,float16", "float32", "")] == \

@@ -192,7 +192,7 @@ _AUTO_FILLS: dict[str, Callable[[int], int]] = {
     "stage3_param_persistence_threshold": lambda h: 10 * h}
 """What the Hugging Face Trainer fills a zero_optimization "auto" with (transformers integrations/deepspeed.py
 HfTrainerDeepSpeedConfig.trainer_config_finalize: hidden_size^2, 0.9 hidden_size^2, 10 hidden_size), as zerotune
-costs it (zerotune.predictor.dsconfig._zero)."""
+costs it (zerotune.predictor.ds_json._zero)."""
 
 
 def optimal_ds_config(cfg: DSConfig, world_size: int, user_doc: Mapping[str, Any] | None = None,

@@ -34,7 +34,7 @@ import yaml
 
 from zerotune.calibrate.profiles import load_profile
 from zerotune.predictor import Efficiency, ModelSpec, estimate, load_model
-from zerotune.validate.accuracy import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
+from zerotune.validate.published import DEFAULT_DATA_DIR, Case, Skip, read_rows, row_case
 
 __all__ = ["FewShot", "Row", "fewshot", "published_rows", "main", "DEFAULT_FIT_MODEL"]
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from zerotune.predictor import Efficiency, Estimate, estimate
-from zerotune.validate.accuracy import (DEFAULT_DATA_DIR, Case, Comparison, Half, Skip, _group_key, _speed,
-                                        framework_efficiency, read_rows, row_case, split_rows)
+from zerotune.validate.accuracy import Comparison, _group_key, _speed
+from zerotune.validate.published import (DEFAULT_DATA_DIR, Case, Half, Skip, framework_efficiency, read_rows, row_case,
+                                         split_rows)
 
 __all__ = ["Member", "Group", "groups", "format_group", "AccumulationFit", "accumulation_fits", "format_fit", "main"]
 

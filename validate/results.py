@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.measurement import Status
 from zerotune.predictor import DSConfig, parse_ds_config
-from zerotune.predictor.dsconfig import resolve_batch
+from zerotune.predictor.ds_json import resolve_batch
 from zerotune.predictor.rank import MAXIMISED, Metric
 
 __all__ = ["Layout", "Prediction", "ExperimentResult", "write_json_atomic", "write_text_atomic",

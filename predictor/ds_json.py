@@ -1,0 +1,448 @@
+"""A ds_config as DeepSpeed reads it: `parse_ds_config` turns a ds_config dict (as json.load gives it) into a
+zerotune.predictor.dsconfig.DSConfig, rejecting what DeepSpeed would reject (a misspelled key inside a section
+DeepSpeed validates, a wrong type, an inconsistent batch triple, a key DeepSpeed 0.19 removed); `to_ds_config` is
+the only way back to a dict, with every key zerotune does not tune carried through unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any
+
+from zerotune.predictor.catalog import nearest
+from zerotune.predictor.dsconfig import (AUTO, ActivationCheckpointing, AutotuningConfig, DSConfig, OffloadConfig,
+                                         OptimizerImpl, ZeroConfig)
+from zerotune.predictor.hardware import Precision
+from zerotune.predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
+
+__all__ = ["parse_ds_config", "to_ds_config", "resolve_batch", "REMOVED_TOP_LEVEL_KEYS", "REMOVED_ZERO_KEYS",
+           "TUNED_ZERO_KEYS"]
+
+# Sections DeepSpeed validates with pydantic models that forbid unknown keys: their keys, aliases included.
+ZERO_KEYS = frozenset({
+    "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+    "allgather_partitions", "allgather_bucket_size", "overlap_comm", "compute_grad_norm", "load_from_fp32_weights",
+    "elastic_checkpoint", "offload_param", "offload_optimizer", "zenflow", "sub_group_size", "cpu_offload_param",
+    "cpu_offload_use_pin_memory", "cpu_offload", "prefetch_bucket_size", "stage3_prefetch_bucket_size",
+    "param_persistence_threshold", "stage3_param_persistence_threshold", "model_persistence_threshold",
+    "stage3_model_persistence_threshold", "max_live_parameters", "stage3_max_live_parameters",
+    "max_reuse_distance", "stage3_max_reuse_distance", "gather_16bit_weights_on_model_save",
+    "stage3_gather_16bit_weights_on_model_save", "module_granularity_threshold",
+    "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
+    "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
+    "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "legacy_stage1",
+    "round_robin_gradients", "parameter_alignment", "zero_hpz_partition_size", "zero_quantized_weights",
+    "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
+    "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+    "save_muon_momentum_buffer_in_memory", "leaf_module", "mics_shard_size", "mics_hierarchical_params_gather",
+})
+OFFLOAD_PARAM_KEYS = frozenset({"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"})
+OFFLOAD_OPTIMIZER_KEYS = frozenset({"device", "nvme_path", "buffer_count", "pin_memory", "pipeline",
+                                    "pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload",
+                                    "cpuadam_cores_perc"})
+FP16_KEYS = frozenset({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                       "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"})
+BF16_KEYS = frozenset({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                       "bf16_optimizer_states"})
+ACTIVATION_CHECKPOINTING_KEYS = frozenset({"partition_activations", "number_checkpoints",
+                                           "contiguous_memory_optimization", "synchronize_checkpoint_boundary",
+                                           "profile", "cpu_checkpointing"})
+AUTOTUNING_KEYS = frozenset({"enabled", "fast", "results_dir", "exps_dir", "overwrite", "start_profile_step",
+                             "end_profile_step", "metric_path", "metric", "tuner_type", "tuner_early_stopping",
+                             "tuner_num_trials", "arg_mappings", "max_train_batch_size", "min_train_batch_size",
+                             "max_train_micro_batch_size_per_gpu", "min_train_micro_batch_size_per_gpu",
+                             "num_tuning_micro_batch_sizes", "mp_size", "model_info", "model_info_path"})
+TOP_LEVEL_KEYS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+    "fp16", "bf16", "amp", "zero_optimization", "activation_checkpointing", "autotuning", "gradient_clipping",
+    "prescale_gradients", "gradient_predivide_factor", "steps_per_print", "wall_clock_breakdown",
+    "memory_breakdown", "dump_state", "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor",
+    "comet", "elasticity", "data_efficiency", "curriculum_learning", "compression_training", "checkpoint",
+    "data_types", "communication_data_type", "seq_parallel_communication_data_type",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "sparse_attention", "sparse_gradients",
+    "pipeline", "aio", "nebula", "eigenvalue", "progressive_layer_drop", "quantize_training", "torch_autocast",
+    "disable_allgather", "dataloader_drop_last", "use_data_before_expert_parallelism", "load_universal",
+    "use_node_local_storage", "hybrid_engine", "compile", "weight_quantization", "timers", "graph_harvesting",
+    "tensor_parallel", "gradient_allreduce_op", "disable_python_gc", "log_level", "expert_parallel",
+    "zero_force_ds_cpu_optimizer", "monitor_config", "mp_size",
+})
+
+# Keys DeepSpeed 0.19 refuses at start-up, with its reason (runtime/config.py:81-131,
+# _REMOVED_TOP_LEVEL_CONFIG_KEYS and _REMOVED_ZERO_CONFIG_KEYS, checked by _reject_removed_config_keys):
+# zerotune refuses them before any experiment instead of letting every experiment fail.
+_REMOVED_ISSUE = "https://github.com/deepspeedai/DeepSpeed/issues/8489"
+REMOVED_TOP_LEVEL_KEYS = {
+    "nebula": "Nebula checkpointing was removed (checkpoints would silently fall back to torch.save)",
+    "compression_training": "the compression library was removed (the model would train unquantized)",
+    "amp": "the NVIDIA Apex AMP integration was removed; use fp16, bf16 or torch_autocast",
+    "quantize_training": "Mixture-of-Quantization (quantize_training) was removed",
+    "sparse_gradients": "sparse embedding-gradient compression was removed (sparse=True embeddings need no flag)",
+    "eigenvalue": "eigenvalue-based Mixture-of-Quantization was removed",
+    "sparse_attention": "DeepSpeed Sparse Attention was removed",
+    "elasticity": "elastic training was removed; set train_batch_size / train_micro_batch_size_per_gpu / "
+                  "gradient_accumulation_steps directly",
+    "graph_harvesting": "graph harvesting was removed",
+    "curriculum_learning": "top-level curriculum_learning was removed; use "
+                           "data_efficiency.data_sampling.curriculum_learning",
+    "progressive_layer_drop": "Progressive Layer Dropping was removed",
+}
+REMOVED_ZERO_KEYS = {
+    "mics_shard_size": "MiCS ZeRO-3 sharding was removed",
+    "mics_hierarchical_params_gather": "MiCS ZeRO-3 sharding was removed",
+    "zeropp_loco_param": "LoCo-ZeRO++ was removed; drop the key to keep ZeRO++ quantized gradients",
+}
+TUNED_ZERO_KEYS = frozenset({
+    "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "allgather_partitions",
+    "allgather_bucket_size", "overlap_comm", "sub_group_size", "cpu_offload", "prefetch_bucket_size",
+    "stage3_prefetch_bucket_size", "param_persistence_threshold", "stage3_param_persistence_threshold",
+    "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance", "stage3_max_reuse_distance"})
+"""zero_optimization keys ZeroConfig models and to_ds_config writes (aliases included); the user's other zero
+keys, and every offload key but device and pin_memory, are carried in DSConfig.passthrough unchanged."""
+
+
+def _refuse_removed(doc: dict[str, Any]) -> None:
+    for key, reason in REMOVED_TOP_LEVEL_KEYS.items():
+        if key in doc:
+            raise ValueError(f"ds_config {key}: DeepSpeed 0.19 refuses it ({reason}; {_REMOVED_ISSUE}); remove it")
+    zero = doc.get("zero_optimization")
+    for key, reason in (REMOVED_ZERO_KEYS.items() if isinstance(zero, dict) else ()):
+        if key in zero:
+            raise ValueError(f"ds_config zero_optimization.{key}: DeepSpeed 0.19 refuses it ({reason}; "
+                             f"{_REMOVED_ISSUE}); remove it")
+
+
+_REWRITTEN = {"fp16": ("enabled",), "bf16": ("enabled",),
+              "activation_checkpointing": ("partition_activations", "cpu_checkpointing")}
+"""Keys of these sections that to_ds_config writes from the DSConfig (precision, checkpointing); a section's
+other keys are the user's and pass through."""
+
+
+def _untuned(doc: dict[str, Any]) -> dict[str, Any]:
+    """The user's keys zerotune does not tune, sections kept as nested dicts: everything but the batch triple,
+    autotuning, the tuned zero_optimization keys and the keys to_ds_config writes (_REWRITTEN). A section left
+    empty is dropped, so that writing a DSConfig and reading it back gives it again."""
+    out = {k: v for k, v in doc.items() if k not in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                     "gradient_accumulation_steps", "autotuning")}
+    for section, written in _REWRITTEN.items():
+        if isinstance(out.get(section), dict):
+            # a precision the user switched off in so many words stays off in so many words ({"enabled": false})
+            rest = {k: v for k, v in out.pop(section).items()
+                    if k not in written or v == AUTO or (section in ("fp16", "bf16") and k == "enabled" and v is False)}
+            out.update({section: rest} if rest else {})
+    zero = out.pop("zero_optimization", None)
+    if isinstance(zero, dict):
+        rest = {k: v for k, v in zero.items() if k not in TUNED_ZERO_KEYS and k not in ("offload_optimizer",
+                                                                                       "offload_param")}
+        for key in ("offload_optimizer", "offload_param"):
+            extra = {k: v for k, v in (zero.get(key) or {}).items() if k not in ("device", "pin_memory")}
+            rest.update({key: extra} if extra else {})
+        out.update({"zero_optimization": rest} if rest else {})
+    return out
+
+
+# -- reading a ds_config dict ----------------------------------------------------------------------------
+
+def _section(parent: dict[str, Any], key: str, allowed: frozenset[str], strict: bool,
+             path: str = "") -> dict[str, Any]:
+    """parent[key] as a dict; unknown keys are an error where DeepSpeed rejects them, else a warning."""
+    path = path or key
+    sec = parent.get(key)
+    if sec is None:
+        return {}
+    if not isinstance(sec, dict):
+        raise ValueError(f"ds_config {path} must be an object, got {type(sec).__name__}")
+    for key in sec:
+        if key not in allowed:
+            message = f"ds_config {path}.{key}: unknown key{nearest(key, sorted(allowed))}"
+            if strict:
+                raise ValueError(message + "; DeepSpeed rejects unknown keys in this section")
+            warnings.warn(message + "; it has no effect", stacklevel=3)
+    return sec
+
+
+def _list_error(path: str) -> ValueError:
+    return ValueError(f"ds_config {path} is a list (a tuning space); a single prediction needs one value: "
+                      f"pick one, or set it with its command-line flag")
+
+
+def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
+    value = sec.get(key, default)
+    if value == AUTO or value is None:
+        return default
+    if isinstance(value, list):
+        raise _list_error(f"{path}.{key}")
+    if not isinstance(value, bool):
+        raise ValueError(f"ds_config {path}.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
+         auto: int | None = None) -> int | None:
+    """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral. Counts that size what
+    zerotune enumerates have a maximum (limits.DS_CONFIG_MAXIMA); element counts (buckets) need only be finite."""
+    name = f"{path}.{key}" if path else key
+    value = sec.get(key, default)
+    if value == AUTO:
+        return auto if auto is not None else default
+    if isinstance(value, list):
+        raise _list_error(name)
+    if value is None:  # JSON null: DeepSpeed's default
+        return default
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
+        raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")
+    minimum = max(minimum, DS_CONFIG_MINIMA.get(key, minimum))
+    if value < minimum:
+        raise ValueError(f"ds_config {name} must be at least {minimum}, got {value!r}")
+    maximum = DS_CONFIG_MAXIMA.get(key, 2**62)
+    if value > maximum:
+        raise ValueError(f"ds_config {name} {value:g} is above the {maximum:,} zerotune accepts; use a smaller "
+                         f"value")
+    return int(value)
+
+
+def _offload(zero: dict[str, Any], key: str, allowed: frozenset[str], buffer_count: int) -> OffloadConfig:
+    path = f"zero_optimization.{key}"
+    sec = _section(zero, key, allowed, strict=True, path=path)
+    device = sec.get("device", "none") or "none"
+    if device not in ("none", "cpu", "nvme"):
+        raise ValueError(f"ds_config {path}.device must be none, cpu or nvme, got {device!r}")
+    return OffloadConfig(device=device, pin_memory=_bool(sec, path, "pin_memory", True),
+                         buffer_count=_int(sec, path, "buffer_count", buffer_count),
+                         buffer_size_elems=_int(sec, path, "buffer_size", 100_000_000))
+
+
+def _alias(sec: dict[str, Any], name: str) -> str:
+    return name if name in sec else f"stage3_{name}"
+
+
+def _zero(doc: dict[str, Any], hidden_size: int | None) -> ZeroConfig:
+    sec = _section(doc, "zero_optimization", ZERO_KEYS, strict=True)
+    p = "zero_optimization"
+    stage = _int(sec, p, "stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ds_config zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
+    hh = hidden_size * hidden_size if hidden_size else None  # Hugging Face's values for "auto"
+    if sec.get("cpu_offload") is True:  # deprecated spelling of offload_optimizer.device = cpu
+        sec = {**sec, "offload_optimizer": {"device": "cpu"}}
+    overlap = sec.get("overlap_comm")
+    return ZeroConfig(
+        stage=stage,
+        contiguous_gradients=_bool(sec, p, "contiguous_gradients", True),
+        reduce_scatter=_bool(sec, p, "reduce_scatter", True),
+        reduce_bucket_size_elems=_int(sec, p, "reduce_bucket_size", 500_000_000, 1, auto=hh),
+        allgather_partitions=_bool(sec, p, "allgather_partitions", True),
+        allgather_bucket_size_elems=_int(sec, p, "allgather_bucket_size", 500_000_000, 0, auto=hh),
+        overlap_comm=_bool(sec, p, "overlap_comm", stage == 3) if overlap is not None else stage == 3,
+        offload_optimizer=_offload(sec, "offload_optimizer", OFFLOAD_OPTIMIZER_KEYS, 4),
+        offload_param=_offload(sec, "offload_param", OFFLOAD_PARAM_KEYS, 5),
+        sub_group_size_elems=_int(sec, p, "sub_group_size", 1_000_000_000),
+        stage3_prefetch_bucket_size_elems=_int(sec, p, _alias(sec, "prefetch_bucket_size"), 50_000_000,
+                                               auto=int(0.9 * hh) if hh else None),
+        stage3_param_persistence_threshold_elems=_int(sec, p, _alias(sec, "param_persistence_threshold"),
+                                                      100_000, auto=10 * hidden_size if hidden_size else None),
+        stage3_max_live_parameters_elems=_int(sec, p, _alias(sec, "max_live_parameters"), 1_000_000_000),
+        stage3_max_reuse_distance_elems=_int(sec, p, _alias(sec, "max_reuse_distance"), 1_000_000_000),
+    )
+
+
+def _precision(doc: dict[str, Any]) -> Precision:
+    fp16 = _section(doc, "fp16", FP16_KEYS, strict=True)
+    bf16 = _section(doc, "bf16", BF16_KEYS, strict=True)
+    fp16_on, bf16_on = _bool(fp16, "fp16", "enabled", False), _bool(bf16, "bf16", "enabled", False)
+    for name, sec in (("fp16", fp16), ("bf16", bf16)):
+        if sec.get("enabled") == AUTO:
+            warnings.warn(f"ds_config {name}.enabled is \"auto\" (set by the Hugging Face Trainer); "
+                          f"read as off, as the Trainer runs it without --{name}; zerotune tune costs it as its "
+                          f"profiling run's engine ran, zerotune predict as --precision says", stacklevel=3)
+    if fp16_on and bf16_on:
+        raise ValueError("ds_config enables both fp16.enabled and bf16.enabled; DeepSpeed allows one: disable one")
+    return "fp16" if fp16_on else "bf16" if bf16_on else "fp32"  # `amp` is refused (_refuse_removed)
+
+
+def _optimizer_impl(doc: dict[str, Any]) -> OptimizerImpl:
+    opt = doc.get("optimizer")
+    if not isinstance(opt, dict):
+        return "torch"  # the script's own optimizer, most often torch.optim.AdamW as written (unfused)
+    params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    return "torch" if params.get("torch_adam") is True else "fused"
+
+
+def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
+    opt = doc.get("optimizer")
+    if opt is None:
+        return "adamw", 0.0  # a client optimizer: zerotune assumes the Adam family
+    if not isinstance(opt, dict) or not isinstance(opt.get("type"), str):
+        raise ValueError("ds_config optimizer must be an object with a string \"type\", e.g. {\"type\": \"AdamW\"}")
+    params = opt.get("params")
+    if params is None:
+        params = {}
+    elif not isinstance(params, dict):
+        raise ValueError(f"ds_config optimizer.params must be an object, e.g. {{\"lr\": 0.0001}}, got {params!r}")
+    momentum = params.get("momentum", 0.0)
+    momentum = 0.0 if momentum == AUTO or not isinstance(momentum, (int, float)) else float(momentum)
+    return opt["type"].lower().replace("_", ""), momentum
+
+
+def _grad_accum_dtype(doc: dict[str, Any]) -> Precision | None:
+    sec = doc.get("data_types") or {}
+    if not isinstance(sec, dict):
+        raise ValueError(f"ds_config data_types must be an object, e.g. {{\"grad_accum_dtype\": \"fp32\"}}, got {sec!r}")
+    value = sec.get("grad_accum_dtype")
+    names = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "bf16": "bf16",
+             "bfloat16": "bf16"}
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in names:
+        raise ValueError(f"ds_config data_types.grad_accum_dtype must be fp32, fp16 or bf16, got {value!r}")
+    return names[value]  # type: ignore[return-value]
+
+
+def _autotuning(doc: dict[str, Any]) -> AutotuningConfig:
+    sec = dict(_section(doc, "autotuning", AUTOTUNING_KEYS, strict=False))
+    sec = {k: v for k, v in sec.items() if k in AUTOTUNING_KEYS}
+    if "metric" in sec:
+        metric = str(sec["metric"]).lower()
+        if metric not in ("throughput", "latency", "flops"):
+            raise ValueError(f"ds_config autotuning.metric must be throughput, latency or FLOPS, got {sec['metric']!r}")
+        sec["metric"] = metric
+    defaults = AutotuningConfig()
+    for key, value in sec.items():
+        default = getattr(defaults, key)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"ds_config autotuning.{key} must be true or false, got {value!r}")
+        if (isinstance(default, int) and not isinstance(default, bool)) or key == "max_train_batch_size":
+            sec[key] = _int(sec, "autotuning", key, default)
+    if sec.get("min_train_micro_batch_size_per_gpu", 1) > sec.get("max_train_micro_batch_size_per_gpu", 1024):
+        raise ValueError(f"ds_config autotuning.min_train_micro_batch_size_per_gpu "
+                         f"{sec['min_train_micro_batch_size_per_gpu']} is above max_train_micro_batch_size_per_gpu "
+                         f"{sec.get('max_train_micro_batch_size_per_gpu', 1024)}; make min <= max")
+    return dataclasses.replace(defaults, **sec)
+
+
+def resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
+    """(micro_batch, grad_accum) from the batch triple, as DeepSpeed's config checks it:
+    train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * data-parallel size."""
+    micro, gas = _resolve_batch(doc, dp_world_size)
+    _int({"train_micro_batch_size_per_gpu": micro}, "", "train_micro_batch_size_per_gpu", None, 1)
+    _int({"gradient_accumulation_steps": gas}, "", "gradient_accumulation_steps", None, 1)
+    return micro, gas
+
+
+def _resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
+    train = _int(doc, "", "train_batch_size", None, 1)
+    micro = _int(doc, "", "train_micro_batch_size_per_gpu", None, 1)
+    gas = _int(doc, "", "gradient_accumulation_steps", None, 1)
+    if train is not None and micro is not None and gas is not None:
+        if train != micro * gas * dp_world_size:
+            raise ValueError(f"ds_config train_batch_size {train} != train_micro_batch_size_per_gpu {micro} x "
+                             f"gradient_accumulation_steps {gas} x data-parallel GPUs {dp_world_size}; "
+                             f"fix one or drop train_batch_size")
+        return micro, gas
+    if train is not None:
+        per_gpu = micro * (gas or 1) if micro is not None else (gas or 1)
+        if train % (per_gpu * dp_world_size):
+            raise ValueError(f"ds_config train_batch_size {train} is not divisible by "
+                             f"{'train_micro_batch_size_per_gpu' if micro else 'gradient_accumulation_steps'} "
+                             f"x data-parallel GPUs ({per_gpu} x {dp_world_size}); pick a multiple")
+        if micro is not None:
+            return micro, train // (micro * dp_world_size)
+        return train // ((gas or 1) * dp_world_size), gas or 1
+    return (micro or 1), (gas or 1)
+
+
+def _pipeline_stages(doc: dict[str, Any]) -> int:
+    """pipeline.stages: an int, or "auto" / absent for no pipeline parallelism as far as memory and time go."""
+    sec = doc.get("pipeline") or {}
+    if not isinstance(sec, dict):
+        raise ValueError("ds_config pipeline must be an object, e.g. {\"stages\": 4}")
+    stages = sec.get("stages", 1)
+    return 1 if stages == AUTO else int(_int(sec, "pipeline", "stages", 1, 1))
+
+
+def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = None) -> DSConfig:
+    """A DSConfig from a ds_config dict; `hidden_size` resolves Hugging Face "auto" bucket sizes."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"ds_config must be a JSON object, got {type(doc).__name__}")
+    for key in doc:
+        if key not in TOP_LEVEL_KEYS:
+            warnings.warn(f"ds_config: unknown top-level key {key!r}{nearest(key, sorted(TOP_LEVEL_KEYS))}; "
+                          f"DeepSpeed ignores it", stacklevel=2)
+    _refuse_removed(doc)
+    autotuning = _autotuning(doc)
+    mp_size, pp_size = autotuning.mp_size, _pipeline_stages(doc)
+    if world_size % (mp_size * pp_size):
+        raise ValueError(f"ds_config autotuning.mp_size {mp_size} x pipeline.stages {pp_size} does not divide the "
+                         f"{world_size} GPUs; use divisors of the GPU count")
+    micro, gas = resolve_batch(doc, world_size // (mp_size * pp_size))
+    ckpt = doc.get("activation_checkpointing")
+    ckpt_sec = _section(doc, "activation_checkpointing", ACTIVATION_CHECKPOINTING_KEYS, strict=False)
+    optimizer, momentum = _optimizer(doc)
+    return DSConfig(
+        train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=_precision(doc),
+        grad_accum_dtype=_grad_accum_dtype(doc), optimizer=optimizer, optimizer_momentum=momentum,
+        optimizer_impl=_optimizer_impl(doc), zero=_zero(doc, hidden_size),
+        activation_checkpointing=ActivationCheckpointing(
+            enabled=ckpt is not None,
+            partition_activations=_bool(ckpt_sec, "activation_checkpointing", "partition_activations", False),
+            cpu_checkpointing=_bool(ckpt_sec, "activation_checkpointing", "cpu_checkpointing", False)),
+        mp_size=mp_size, pp_size=pp_size, autotuning=autotuning,
+        passthrough=_untuned(doc),
+    )
+
+
+# -- writing one back ---------------------------------------------------------------------------------------
+
+def _offload_dict(off: OffloadConfig, untuned: Any) -> dict[str, Any]:
+    return {**(untuned if isinstance(untuned, dict) else {}), "device": off.device, "pin_memory": off.pin_memory}
+
+
+def _zero_dict(cfg: DSConfig) -> dict[str, Any]:
+    """zero_optimization: the user's untuned keys, the tuned ones set on top."""
+    z = cfg.zero
+    user = cfg.passthrough.get("zero_optimization")
+    zero: dict[str, Any] = dict(user) if isinstance(user, dict) else {}
+    zero.update({"stage": z.stage, "contiguous_gradients": z.contiguous_gradients, "overlap_comm": z.overlap_comm,
+                 "reduce_scatter": z.reduce_scatter, "reduce_bucket_size": z.reduce_bucket_size_elems,
+                 "allgather_partitions": z.allgather_partitions,
+                 "allgather_bucket_size": z.allgather_bucket_size_elems})
+    if z.offload_optimizer.device != "none" or "offload_optimizer" in zero:
+        zero["offload_optimizer"] = _offload_dict(z.offload_optimizer, zero.get("offload_optimizer"))
+    if z.stage == 3:
+        zero.update({"stage3_prefetch_bucket_size": z.stage3_prefetch_bucket_size_elems,
+                     "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold_elems,
+                     "stage3_max_live_parameters": z.stage3_max_live_parameters_elems,
+                     "stage3_max_reuse_distance": z.stage3_max_reuse_distance_elems,
+                     "sub_group_size": z.sub_group_size_elems})
+    if z.stage == 3 and (z.offload_param.device != "none" or "offload_param" in zero):
+        zero["offload_param"] = _offload_dict(z.offload_param, zero.get("offload_param"))
+    elif z.stage < 3:
+        zero.pop("offload_param", None)  # only stage 3 offloads parameters
+    return zero
+
+
+def to_ds_config(cfg: DSConfig, world_size: int) -> dict[str, Any]:
+    """The ds_config dict DeepSpeed runs: the user's untuned keys unchanged (DSConfig.passthrough), the tuned
+    keys set."""
+    out = dict(cfg.passthrough)
+    out.update({
+        "train_batch_size": cfg.samples_per_step(world_size),
+        "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "zero_optimization": _zero_dict(cfg),
+    })
+    if cfg.pp_size > 1:
+        out["pipeline"] = {**(out.get("pipeline") or {}), "stages": cfg.pp_size}
+    for precision in ("fp16", "bf16"):
+        user = out.get(precision)
+        if (user or cfg.precision == precision) and (user or {}).get("enabled") != AUTO:
+            out[precision] = {**(user or {}), "enabled": cfg.precision == precision}
+    ckpt = cfg.activation_checkpointing
+    if ckpt.section if ckpt.by_script else ckpt.enabled:
+        out["activation_checkpointing"] = {**(out.get("activation_checkpointing") or {}),
+                                           "partition_activations": ckpt.partition_activations,
+                                           "cpu_checkpointing": ckpt.cpu_checkpointing}
+    else:
+        out.pop("activation_checkpointing", None)  # the section's presence switches checkpointing on
+    return out
