@@ -317,6 +317,10 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
+PAGEABLE_H2D_SLOWDOWN = 5.0
+"""How much slower a host-to-device copy from pageable memory runs than one from pinned memory: DeepSpeed measured
+4-6x when ZeRO-1/2's offload moved its copy back to a pinned buffer (DeepSpeed PR #5301, "fix pagable h2d memcpy":
+6x on one GPU, 4-5x on an 8-GPU node); the middle of that range."""
 CROSS_ENTROPY_ALLREDUCES = 3
 """Forward all-reduces of Megatron's vocabulary-parallel cross-entropy, each of one fp32 value per token: the
 logits' max, the target logit and the sum of exponentials (Megatron-DeepSpeed megatron/core/tensor_parallel/
@@ -388,6 +392,13 @@ def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batc
     # ZeRO-Offload: gradients down and updated 16-bit parameters up over PCIe, Adam on the node's CPU
     # shared by its GPUs (Ren et al. 2021, sec. 4).
     transfers = partition * (g + p) / hw.host_to_device_bandwidth_bytes_per_s
+    if z.stage == 3 and z.offload_param.device == "none":
+        # ZeRO-3 copies the updated fp32 partition into the device's 16-bit one with a blocking copy_ across devices
+        # and dtypes (runtime/zero/stage3.py:2858-2861, _reassign_or_swap_out_partitioned_parameters), which torch
+        # converts on the host into a fresh pageable tensor and sends from pageable memory (aten/src/ATen/native/
+        # cuda/Copy.cu copy_kernel_cuda: blocking transfers convert on the CPU); ZeRO-1/2 convert into a pinned
+        # buffer and copy it non-blocking (stage_1_and_2.py param_buffer_of_bit16_for_cpu_offload_groups)
+        transfers = transfers + partition * p * (PAGEABLE_H2D_SLOWDOWN - 1) / hw.host_to_device_bandwidth_bytes_per_s
     host_adam = partition * job.cluster.num_gpus_per_node / eff.host_optimizer_params_per_s
     return 0.0, offload + transfers + host_adam
 
