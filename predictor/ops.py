@@ -79,6 +79,9 @@ class DeviceRates:
     """HardwareSpec.subnormal_gemm_slowdown."""
     cache_gain: tuple[tuple[float, float], ...] = ()
     """Efficiency.memory_cache_gain: (bytes a kernel moves, its bandwidth over memory_bytes_per_s), smallest first."""
+    packs_weights: bool = False
+    """Whether a linear layer's forward GEMM first copies its weight into the BLAS's blocked layout, a pass nothing
+    overlaps: on a CPU (HardwareSpec.kind 'cpu'), see _linear."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -90,7 +93,7 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
-                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain))
+                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), hw.kind == "cpu")
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -135,6 +138,14 @@ def _linear(tokens: Batch, n_in: float, n_out: float, rates: DeviceRates, weight
     gradient (tokens x n_out -> n_in) and the weight gradient (n_in x n_out, reduced over tokens), which autograd
     runs only for a weight that requires grad (`weight_grad`: the share that does)."""
     fwd = gemm_s(tokens, n_out, n_in, 1, rates)
+    if rates.packs_weights:
+        # F.linear's x W^T on a CPU: the BLAS (MKL / oneDNN sgemm, Goto & van de Geijn 2008 sec. 4) first copies the
+        # transposed weight into its packed panels on the thread that then computes, whatever the rows. Measured on
+        # this project's CPU VM (one thread, fp32, 2026-11-27): the forward's time beyond its FLOPs at the 2048^3
+        # pace was 0.92 of one copy of the weight at the copy pace of its size (least squares over 48 shapes, 32-1024
+        # rows, weights 256^2 to 768 x 3072); the backward's dY W and dY^T x ran at full pace (165-185 GFLOP/s at
+        # 128 rows), so they are not charged.
+        fwd = fwd + _elementwise(n_in * n_out, 1, 1, 0, rates)
     bwd = gemm_s(tokens, n_in, n_out, 1, rates) + weight_grad * gemm_s(n_in, n_out, tokens, 1, rates)
     return fwd, bwd, gemm_flops(tokens, n_out, n_in)
 
