@@ -452,7 +452,11 @@ def _pipeline_bubble_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     state and the fill and drain pass once through every other stage: sum over i != busiest of t_i (Narayanan
     et al. 2021, sec. 2.2, with p - 1 equal stages). The last stage runs the logits and loss beside its blocks
     and is the busiest; the others run blocks only (DeepSpeed PipelineModule, partition_method
-    'type:transformer' in Megatron-DeepSpeed's GPTModelPipe), the first also the embedding."""
+    'type:transformer' in Megatron-DeepSpeed's GPTModelPipe), the first also the embedding. DeepSpeed's
+    TrainSchedule alternates forward and backward steps with blocking p2p between neighbours (runtime/pipe/
+    schedule.py:197-245), which could have held the stages in lock-step at the longer of a forward and a backward
+    a step; a real two-stage pipeline measured 1F1B (3.43 s a batch against 3.33-3.38 for 1F1B and 4.54-4.65 for
+    lock-step: benchmarks/pipeline_schedule.py, data/measurements/pipeline_schedule_cpu_2026-11-27.jsonl)."""
     if cfg.pp_size == 1:
         return 0.0 * micro_batch
     blocks_only = job.model.replace(head="none", final_norm=False)
