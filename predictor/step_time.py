@@ -317,10 +317,6 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     return exposed, total
 
 
-PAGEABLE_H2D_SLOWDOWN = 5.0
-"""How much slower a host-to-device copy from pageable memory runs than one from pinned memory: DeepSpeed measured
-4-6x when ZeRO-1/2's offload moved its copy back to a pinned buffer (DeepSpeed PR #5301, "fix pagable h2d memcpy":
-6x on one GPU, 4-5x on an 8-GPU node); the middle of that range."""
 CROSS_ENTROPY_ALLREDUCES = 3
 """Forward all-reduces of Megatron's vocabulary-parallel cross-entropy, each of one fp32 value per token: the
 logits' max, the target logit and the sum of exponentials (Megatron-DeepSpeed megatron/core/tensor_parallel/
@@ -372,6 +368,12 @@ def _tensor_parallel_s(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Ba
     for calls, dev, host in zip((calls_b, calls_r), (dev_b, dev_r), (host_b, host_r)):
         added = added + np.maximum(dev + calls * per_call, host + calls * host_call) - np.maximum(dev, host)
     return gas * added
+
+
+PAGEABLE_H2D_SLOWDOWN = 5.0
+"""How much slower a host-to-device copy from pageable memory runs than one from pinned memory: DeepSpeed measured
+4-6x when ZeRO-1/2's offload moved its copy back to a pinned buffer (DeepSpeed PR #5301, "fix pagable h2d memcpy":
+6x on one GPU, 4-5x on an 8-GPU node); the middle of that range."""
 
 
 def _optimizer_and_offload_s(job: Job, cfg: DSConfig, eff: Efficiency, gas: Batch) -> tuple[float, Batch]:

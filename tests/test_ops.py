@@ -12,7 +12,7 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.ops import _linear, device_rates, gemm_s, layer_times, outer_times
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -296,7 +296,6 @@ def test_a_cpu_linear_forward_copies_its_weight_and_its_backward_does_not() -> N
     forward at 32 and 128 rows of four weights. With one copy of the weight the model's mean error over them is
     within 12% (it is 24% from the FLOPs alone); the backward's GEMMs ran at full pace and are not charged; a GPU's
     linear is unchanged."""
-    from zerotune.predictor.ops import _linear
     moved = (0.25, 1.0, 4.0, 16.0, 64.0, 128.0)
     rates = (77e9, 96e9, 27e9, 27e9, 6e9, 5e9)
     gain = tuple((mib * 2**20, rate / rates[-1]) for mib, rate in zip(moved, rates))

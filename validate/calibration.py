@@ -11,7 +11,7 @@ from typing import Callable, Mapping, Sequence
 
 from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile, profile_measurements
 from zerotune.calibrate.measurement import Measurement
-from zerotune.predictor import Efficiency, Job, load_hardware
+from zerotune.predictor import Efficiency, Job, estimate, load_hardware
 from zerotune.predictor.step_time import optimizer_update_s
 from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
@@ -227,7 +227,6 @@ def allreduce_paced(model: Calibration, job: Job, initial: Sequence[Measurement]
     if timed is None or settings.profiled_allreduce_s is None or timed.config.zero.stage != 0 \
             or job.cluster.num_nodes != 1:
         return model
-    from zerotune.predictor import estimate
     predicted = estimate(measured_job(job, timed), timed.config, model.efficiency).time.breakdown_s.get(
         "exposed_comm", 0.0)
     if predicted < MIN_PACED_ALLREDUCE_S or settings.profiled_allreduce_s <= 0:
