@@ -113,10 +113,36 @@ def _small_tensor_elems(model: ModelSpec, threshold: int) -> int:
     return sum(t.num_elems for t in model.tensors() if t.num_elems <= threshold)
 
 
+def busiest_stage_params(model: ModelSpec, pp: int) -> tuple[float, float]:
+    """(parameters, trainable parameters) of the pipeline stage that holds the most, times pp: what the whole model
+    would hold if every stage held as many (state_bytes divides by the stages). DeepSpeed's PipelineModule
+    partitions the blocks alone ('type:transformer', runtime/pipe/module.py:412-417; the first stages take the
+    L mod pp extra blocks, step_time.pipeline_stages) and places everything else with the stage its layer spec
+    falls in: the embedding before the first block, the final norm and head after the last. A tied embedding
+    is a TiedLayerSpec held whole by both the first and the last stage (module.py _index_tied_modules; Megatron-
+    DeepSpeed GPTModelPipe ties EmbeddingPipe there), its gradients all-reduced between them. So the first
+    stage holds ceil(L / pp) blocks and the embedding, the last floor(L / pp) blocks, the head and, when tied,
+    the embedding again; a per-GPU peak is the larger. One stage: the model."""
+    if pp == 1:
+        return float(model.num_params), float(model.num_trainable_params)
+    layers = model.num_layers
+    embed = sum(t.num_elems for t in model.embedding_tensors())
+    head = sum(t.num_elems for t in model.head_tensors()) + (embed if model.head == "lm" and model.tied_embeddings
+                                                              else 0)
+    outer_trained = model.num_trained_outer_params / model.num_outer_params if model.num_outer_params else 1.0
+    adapters = model.adapter_params / layers
+    stages = [(-(-layers // pp), embed), (layers // pp, head)]
+    params = max(blocks * (model.num_layer_params + adapters) + outer for blocks, outer in stages)
+    trained = max(blocks * (model.num_trained_layer_params + adapters) + outer * outer_trained
+                  for blocks, outer in stages)
+    return pp * params, pp * trained
+
+
 def model_states(job: Job, cfg: DSConfig) -> ModelStates:
-    """Model states of a job's model: see state_bytes."""
+    """Model states of a job's model on its busiest pipeline stage (busiest_stage_params): see state_bytes."""
     persistent = _persistent_elems(job, cfg) if cfg.zero.stage == 3 else 0
-    return state_bytes(job.model.num_params, job.cluster.world_size, cfg, persistent, job.model.num_trainable_params)
+    params, trained = busiest_stage_params(job.model, cfg.pp_size)
+    return state_bytes(params, job.cluster.world_size, cfg, persistent, trained)
 
 
 def state_bytes(num_params: float, world_size: int, cfg: DSConfig, persistent_elems: float = 0,

@@ -23,7 +23,7 @@ from typing import Any, Literal, Sequence
 from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, ModelSpec, load_hardware
 from zerotune.predictor.catalog import data_dir, list_hardware, list_models, load_model
 from zerotune.predictor.dsconfig import ActivationCheckpointing, ZeroConfig
-from zerotune.predictor.hardware import HardwareSpec
+from zerotune.predictor.hardware import HardwareSpec, Precision
 from zerotune.predictor.zero_mechanics import wrapper_bytes_per_param
 
 __all__ = ["Half", "DEFAULT_DATA_DIR", "SPEED_METRICS", "RUN_METRICS", "MEMORY_PARTS", "ROW_KEYS", "MODEL_DIMS",
@@ -163,6 +163,19 @@ def _cluster(row: dict[str, Any], hw: HardwareSpec) -> ClusterSpec | str:
     return ClusterSpec(hw, total // per_node, per_node)
 
 
+def _grad_accum_dtype(row: dict[str, Any], precision: str) -> Precision | None:
+    """The gradient accumulation dtype a row's DeepSpeed ran with, in DeepSpeed 0.19's terms. BigScience's Megatron-
+    DeepSpeed fork trained bf16 under pipeline parallelism with DeepSpeed's BF16_Optimizer (2022), which partitions
+    the fp32 master weights and optimizer states over data parallelism and accumulates gradients in an fp32 buffer of
+    the whole stage: fp32 was its only accumulation dtype until DeepSpeed PR #4713 (2023-11) made bf16 an option,
+    and it ran whatever zero_optimization.stage said (DeepSpeed PR #2566, 2022-12: "bf16_optimizer is activated with
+    zero_stage=0 even though it provides optimizer state partitioning"). DeepSpeed 0.19 picks the same optimizer for
+    bf16, ZeRO stage 1 and data_types.grad_accum_dtype fp32 (engine.py:2305-2310). Other rows: the model's dtype."""
+    if precision == "bf16" and "bigscience" in str(row.get("framework") or "").lower():
+        return "fp32"
+    return None
+
+
 def row_case(row: dict[str, Any], row_id: str) -> Case | Skip:
     """The row as (Job, DSConfig), or why zerotune cannot express it."""
     reason = _unsupported(row)
@@ -183,6 +196,7 @@ def row_case(row: dict[str, Any], row_id: str) -> Case | Skip:
         model = dataclasses.replace(model, attention="flash")  # the source says so; eager otherwise
     micro, gas = batch  # type: ignore[misc]
     cfg = DSConfig(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, precision=precision,
+                   grad_accum_dtype=_grad_accum_dtype(row, precision),
                    zero=ZeroConfig(stage=row["parallel"]["zero_stage"] or 0),
                    activation_checkpointing=ActivationCheckpointing(enabled=row["recompute"] == "full"),
                    mp_size=row["parallel"]["tp"], pp_size=row["parallel"]["pp"])
