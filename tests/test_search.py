@@ -4,6 +4,7 @@ predictions but are not experiments."""
 
 from __future__ import annotations
 
+
 import math
 from dataclasses import replace
 
@@ -173,13 +174,25 @@ def test_a_trend_in_micro_batch_seen_in_one_family_carries_to_the_others() -> No
     (1.96, 1.0, 4),   # mbs 8 only 2% faster and a coin flip to fit (p 0.55): the first run takes the sure 4
     (1.33, 0.868, 8),  # mbs 8 50% faster and p 0.9 to fit: worth the risk
 ])
-def test_first_experiment_weighs_the_gain_against_the_chance_to_fit(step_8: float, ratio_8: float,
-                                                                     expected_mb: int) -> None:
-    # Seen live: a Trainer script whose predicted throughput was flat above micro-batch 64 got micro-batch 399 first
-    # (fits with p=0.51) and was killed by the OOM killer. The first run maximises p(fit) x throughput.
-    cands = _cands(step_s=[1.0, step_8, 5.0, 10.0, 5.0, 10.0], ratio=[0.2, ratio_8, 0.2, 0.2, 0.2, 0.2])
+def test_first_experiment_weighs_the_gain_against_the_chance_to_fit_on_the_cpu(step_8: float, ratio_8: float,
+                                                                                expected_mb: int) -> None:
+    # Seen live on the CPU: a Trainer script whose predicted throughput was flat above micro-batch 64 got micro-batch
+    # 399 first (fits with p=0.51) and was killed by the OOM killer. There the first run maximises p(fit) x throughput.
+    cands = replace(_cands(step_s=[1.0, step_8, 5.0, 10.0, 5.0, 10.0],
+                                       ratio=[0.2, ratio_8, 0.2, 0.2, 0.2, 0.2]), larger_batch_better=False)
     choice = choose(cands, [], U, np.zeros(6, dtype=bool))
     assert int(cands.micro_batch[choice.index]) == expected_mb and cands.family[choice.index] == 0
+
+
+def test_on_a_gpu_the_first_experiment_is_the_predicted_best_that_more_likely_fits_than_not() -> None:
+    # A family's best is its largest micro-batch that fits (a GPU's throughput does not fall with micro-batch), so a
+    # run there bounds the smaller ones; a CUDA OOM fails fast. Micro-batch 8, 2% faster and p 0.55 to fit, runs
+    # first; at p below one half it does not.
+    cands = _cands(step_s=[1.0, 1.96, 5.0, 10.0, 5.0, 10.0], ratio=[0.2, 1.0, 0.2, 0.2, 0.2, 0.2])
+    assert int(cands.micro_batch[choose(cands, [], U, np.zeros(6, dtype=bool)).index]) == 8
+    unlikely = _cands(step_s=[1.0, 1.96, 5.0, 10.0, 5.0, 10.0], ratio=[0.2, 1.2, 0.2, 0.2, 0.2, 0.2])
+    choice = choose(unlikely, [], U, np.zeros(6, dtype=bool))
+    assert int(unlikely.micro_batch[choice.index]) == 4 and choice.fit_probability > 0.5
 
 
 def test_a_run_whose_steps_spread_corrects_the_predictions_less() -> None:
