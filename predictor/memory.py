@@ -21,7 +21,7 @@ from zerotune.predictor.activations import (checkpoint_bytes_per_layer, embeddin
                                    logits_bytes)
 from zerotune.predictor.dsconfig import DSConfig, optimizer_state_bytes_per_param
 from zerotune.predictor.job import Efficiency, Job
-from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.model import ModelSpec, busiest_stage_params
 from zerotune.predictor.zero_mechanics import (optimizer_wrapper, STAGE0_ALLREDUCE_BUCKET_ELEMS, grad_bytes_per_param,
                                       transient_fp32_grad_bytes_per_param, zero3_working_set_elems)
 
@@ -111,31 +111,6 @@ def _persistent_elems(job: Job, cfg: DSConfig) -> int:
 @lru_cache(maxsize=256)
 def _small_tensor_elems(model: ModelSpec, threshold: int) -> int:
     return sum(t.num_elems for t in model.tensors() if t.num_elems <= threshold)
-
-
-def busiest_stage_params(model: ModelSpec, pp: int) -> tuple[float, float]:
-    """(parameters, trainable parameters) of the pipeline stage that holds the most, times pp: what the whole model
-    would hold if every stage held as many (state_bytes divides by the stages). DeepSpeed's PipelineModule
-    partitions the blocks alone ('type:transformer', runtime/pipe/module.py:412-417; the first stages take the
-    L mod pp extra blocks, step_time.pipeline_stages) and places everything else with the stage its layer spec
-    falls in: the embedding before the first block, the final norm and head after the last. A tied embedding
-    is a TiedLayerSpec held whole by both the first and the last stage (module.py _index_tied_modules; Megatron-
-    DeepSpeed GPTModelPipe ties EmbeddingPipe there), its gradients all-reduced between them. So the first
-    stage holds ceil(L / pp) blocks and the embedding, the last floor(L / pp) blocks, the head and, when tied,
-    the embedding again; a per-GPU peak is the larger. One stage: the model."""
-    if pp == 1:
-        return float(model.num_params), float(model.num_trainable_params)
-    layers = model.num_layers
-    embed = sum(t.num_elems for t in model.embedding_tensors())
-    head = sum(t.num_elems for t in model.head_tensors()) + (embed if model.head == "lm" and model.tied_embeddings
-                                                              else 0)
-    outer_trained = model.num_trained_outer_params / model.num_outer_params if model.num_outer_params else 1.0
-    adapters = model.adapter_params / layers
-    stages = [(-(-layers // pp), embed), (layers // pp, head)]
-    params = max(blocks * (model.num_layer_params + adapters) + outer for blocks, outer in stages)
-    trained = max(blocks * (model.num_trained_layer_params + adapters) + outer * outer_trained
-                  for blocks, outer in stages)
-    return pp * params, pp * trained
 
 
 def model_states(job: Job, cfg: DSConfig) -> ModelStates:
@@ -243,7 +218,7 @@ def _buckets(job: Job, cfg: DSConfig) -> tuple[float, float]:
     gathered in place (runtime/utils.py all_gather_dp_groups); it only sets how many calls are made.
     """
     z, g = cfg.zero, DTYPE_BYTES[cfg.grad_precision]
-    psi = job.model.num_trainable_params / cfg.model_parallel_size  # frozen parameters have no gradient to reduce
+    psi = busiest_stage_params(job.model, cfg.pp_size)[1] / cfg.model_parallel_size  # frozen: no gradient
     if cfg.dp_size(job.cluster.world_size) == 1 and z.stage == 0:
         return 0.0, 0.0  # one rank: nothing to reduce
     if z.stage == 0:
@@ -324,7 +299,7 @@ def _foreach_adam_bytes(job: Job, cfg: DSConfig) -> float:
     if cfg.optimizer_impl != "torch" or job.cluster.hardware.kind == "cpu" or offloaded:
         return 0.0
     shard = cfg.dp_size(job.cluster.world_size) if cfg.zero.stage >= 1 else 1
-    return FP32_BYTES * job.model.num_trainable_params / cfg.model_parallel_size / shard
+    return FP32_BYTES * busiest_stage_params(job.model, cfg.pp_size)[1] / cfg.model_parallel_size / shard
 
 
 def _reserved_bytes(job: Job, eff: Efficiency) -> float:

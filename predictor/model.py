@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, lru_cache
 from typing import Literal, get_args, get_type_hints
 
-__all__ = ["ModelSpec", "Tensor", "PositionEmbedding", "Norm", "Head"]
+__all__ = ["ModelSpec", "Tensor", "PositionEmbedding", "Norm", "Head", "busiest_stage_params"]
 
 PositionEmbedding = Literal["learned", "rotary", "relative", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -379,3 +379,29 @@ def _choices() -> dict[str, tuple[str, ...]]:
     hints = get_type_hints(ModelSpec)
     return {f.name: get_args(hints[f.name]) for f in dataclasses.fields(ModelSpec)
             if getattr(hints[f.name], "__origin__", None) is Literal}
+
+
+@lru_cache(maxsize=256)
+def busiest_stage_params(model: ModelSpec, pp: int) -> tuple[float, float]:
+    """(parameters, trainable parameters) of the pipeline stage that holds the most, times pp: what the whole model
+    would hold if every stage held as many (state_bytes divides by the stages). DeepSpeed's PipelineModule
+    partitions the blocks alone ('type:transformer', runtime/pipe/module.py:412-417; the first stages take the
+    L mod pp extra blocks, step_time.pipeline_stages) and places everything else with the stage its layer spec
+    falls in: the embedding before the first block, the final norm and head after the last. A tied embedding
+    is a TiedLayerSpec held whole by both the first and the last stage (module.py _index_tied_modules; Megatron-
+    DeepSpeed GPTModelPipe ties EmbeddingPipe there), its gradients all-reduced between them. So the first
+    stage holds ceil(L / pp) blocks and the embedding, the last floor(L / pp) blocks, the head and, when tied,
+    the embedding again; a per-GPU peak is the larger. One stage: the model."""
+    if pp == 1:
+        return float(model.num_params), float(model.num_trainable_params)
+    layers = model.num_layers
+    embed = sum(t.num_elems for t in model.embedding_tensors())
+    head = sum(t.num_elems for t in model.head_tensors()) + (embed if model.head == "lm" and model.tied_embeddings
+                                                              else 0)
+    outer_trained = model.num_trained_outer_params / model.num_outer_params if model.num_outer_params else 1.0
+    adapters = model.adapter_params / layers
+    stages = [(-(-layers // pp), embed), (layers // pp, head)]
+    params = max(blocks * (model.num_layer_params + adapters) + outer for blocks, outer in stages)
+    trained = max(blocks * (model.num_trained_layer_params + adapters) + outer * outer_trained
+                  for blocks, outer in stages)
+    return pp * params, pp * trained

@@ -395,7 +395,7 @@ def test_the_busiest_pipeline_stage_holds_the_embedding_and_the_extra_blocks() -
     """DeepSpeed's PipelineModule gives the first stages the L mod pp extra blocks and keeps a tied embedding whole on
     the first and the last stage (runtime/pipe/module.py): a 70-block model on 12 stages holds 6 blocks and the
     embedding on its first stage, not 70/12 blocks and 1/12 of the embedding."""
-    from zerotune.predictor.memory import busiest_stage_params
+    from zerotune.predictor.model import busiest_stage_params
     m = ModelSpec(name="bloom-like", num_layers=70, hidden_size=1024, num_heads=16, num_kv_heads=16,
                   ffn_hidden_size=4096, vocab_size=250880,
                   max_position_embeddings=2048)
