@@ -13,7 +13,7 @@ from zerotune.predictor.dsconfig import ActivationCheckpointing, OffloadConfig
 from zerotune.predictor.job import Job
 from zerotune.predictor.memory import TERMS, model_states, state_bytes
 from zerotune.predictor.ops import device_rates, gemm_s, layer_times
-from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.model import ModelSpec, busiest_stage_params
 from zerotune.predictor.units import GB, GIB
 from tests.conftest import make_job
 
@@ -395,10 +395,8 @@ def test_the_busiest_pipeline_stage_holds_the_embedding_and_the_extra_blocks() -
     """DeepSpeed's PipelineModule gives the first stages the L mod pp extra blocks and keeps a tied embedding whole on
     the first and the last stage (runtime/pipe/module.py): a 70-block model on 12 stages holds 6 blocks and the
     embedding on its first stage, not 70/12 blocks and 1/12 of the embedding."""
-    from zerotune.predictor.model import busiest_stage_params
     m = ModelSpec(name="bloom-like", num_layers=70, hidden_size=1024, num_heads=16, num_kv_heads=16,
-                  ffn_hidden_size=4096, vocab_size=250880,
-                  max_position_embeddings=2048)
+                  ffn_hidden_size=4096, vocab_size=250880, max_position_embeddings=2048)
     embed = sum(t.num_elems for t in m.embedding_tensors())
     params, trained = busiest_stage_params(m, 12)
     assert params == trained == pytest.approx(12 * (6 * m.num_layer_params + embed))

@@ -4,7 +4,6 @@ predictions but are not experiments."""
 
 from __future__ import annotations
 
-
 import math
 from dataclasses import replace
 
@@ -178,8 +177,8 @@ def test_first_experiment_weighs_the_gain_against_the_chance_to_fit_on_the_cpu(s
                                                                                 expected_mb: int) -> None:
     # Seen live on the CPU: a Trainer script whose predicted throughput was flat above micro-batch 64 got micro-batch
     # 399 first (fits with p=0.51) and was killed by the OOM killer. There the first run maximises p(fit) x throughput.
-    cands = replace(_cands(step_s=[1.0, step_8, 5.0, 10.0, 5.0, 10.0],
-                                       ratio=[0.2, ratio_8, 0.2, 0.2, 0.2, 0.2]), larger_batch_better=False)
+    cands = replace(_cands(step_s=[1.0, step_8, 5.0, 10.0, 5.0, 10.0], ratio=[0.2, ratio_8, 0.2, 0.2, 0.2, 0.2]),
+                    larger_batch_better=False)
     choice = choose(cands, [], U, np.zeros(6, dtype=bool))
     assert int(cands.micro_batch[choice.index]) == expected_mb and cands.family[choice.index] == 0
 

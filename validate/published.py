@@ -163,7 +163,7 @@ def _cluster(row: dict[str, Any], hw: HardwareSpec) -> ClusterSpec | str:
     return ClusterSpec(hw, total // per_node, per_node)
 
 
-def _grad_accum_dtype(row: dict[str, Any], precision: str) -> Precision | None:
+def _grad_accum_dtype(row: dict[str, Any], precision: Precision) -> Precision | None:
     """The gradient accumulation dtype a row's DeepSpeed ran with, in DeepSpeed 0.19's terms. BigScience's Megatron-
     DeepSpeed fork trained bf16 under pipeline parallelism with DeepSpeed's BF16_Optimizer (2022), which partitions
     the fp32 master weights and optimizer states over data parallelism and accumulates gradients in an fp32 buffer of
