@@ -172,6 +172,17 @@ def plan_shapes(hardware: str = "h200") -> list[dict[str, Any]]:
     return runs
 
 
+def plan_all(hardware: str) -> list[dict[str, Any]]:
+    """Both plans as one, for a GPU with one session's device time: every model's ZeRO stages first, then the
+    largest micro-batch chains, then precision, attention, checkpointing, accumulation and offload, and the
+    calibration probes last (a profile's probes may already have been measured on that GPU)."""
+    order = ("stages", "largest", "fp16", "attention", "checkpointing", "accumulation", "offload", "calibration")
+    runs = plan(hardware) + plan_shapes(hardware)
+    seen: set[str] = set()
+    unique = [r for r in runs if not (r["id"] in seen or seen.add(r["id"]))]
+    return sorted(unique, key=lambda r: order.index(r["role"]))
+
+
 def run_config(run: dict[str, Any]) -> DSConfig:
     """The DSConfig zerotune predicts for a planned run (its checkpointing as the worker runs it)."""
     cfg = parse_ds_config(run["ds_config"])
@@ -372,13 +383,17 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
 
 
+PLANS = {"first": plan, "shapes": plan_shapes, "all": plan_all}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_grid", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("plan")
     a.add_argument("--hardware", default="h200")
-    a.add_argument("--set", choices=("first", "shapes"), default="first",
-                   help="first: GPT-2, BERT-large, Llama-3.2-1B; shapes: the second plan's models (plan_shapes)")
+    a.add_argument("--set", choices=("first", "shapes", "all"), default="first",
+                   help="first: GPT-2, BERT-large, Llama-3.2-1B; shapes: the second plan's models (plan_shapes); "
+                        "all: both, every model's stages first (plan_all)")
     a.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("predict")
     a.add_argument("--plan", type=Path, required=True)
@@ -401,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "plan":
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"hardware": args.hardware, "runs": (plan if args.set == "first" else plan_shapes)(args.hardware)}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"hardware": args.hardware, "runs": PLANS[args.set](args.hardware)}, indent=1) + "\n")
         return 0
     runs = json.loads(args.plan.read_text())["runs"]
     if args.cmd == "report":
