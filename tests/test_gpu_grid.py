@@ -1,4 +1,4 @@
-"""The GPU grid (data/measurements/gpu_grid, 73 real DeepSpeed runs on one H200): the plan is what calibrate
+"""The GPU grids (data/measurements/gpu_grid: real DeepSpeed runs on one H200, and 58 on one H100): the plan is what calibrate
 chooses, the stored rows read back as measurements, the model's figures on them, the replay, and the worker
 itself under real DeepSpeed on this machine's CPU."""
 
@@ -180,6 +180,43 @@ def test_replay_on_the_second_gpu_grid() -> None:
     assert len(groups) == 5
     assert result.within_share == pytest.approx(1.0)
     assert max(o.num_experiments for o in result.outcomes) <= 4
+
+
+H100_GRID = gpu_grid.GRID_DIR / "h100_grid.jsonl"
+H100_PLAN = gpu_grid.GRID_DIR / "plan_h100.json"
+
+
+def test_the_combined_plan_runs_every_models_stages_first() -> None:
+    """plan --set all: both plans' runs once each, every stage run before any doubling chain, and calibrate's
+    probes last (the stored H100 plan is what the command writes)."""
+    runs = gpu_grid.plan_all("h100-80gb")
+    roles = [r["role"] for r in runs]
+    assert len({r["id"] for r in runs}) == len(runs) == 156
+    assert roles.index("largest") == roles.count("stages") and roles[-1] == "calibration"
+    assert [r["id"] for r in runs] == [r["id"] for r in json.loads(H100_PLAN.read_text())["runs"]]
+
+
+def test_the_h100_grid_memory_and_fit_verdicts() -> None:
+    """Source: h100_rows.jsonl (one H100 80GB, 2026-11-28, 58 runs of eleven models, predictions stored before
+    measuring in e8687bc): every fit / out-of-memory verdict right (GPT-Neo-1.3B at micro-batch 4 out of memory
+    at every stage), peak memory within 5% at the median (measured 2.7% test half, 0.7% fit half) and 15% at worst
+    (14.5%)."""
+    runs = json.loads(H100_PLAN.read_text())["runs"]
+    scored = gpu_grid.score(runs, gpu_grid.read_grid(H100_GRID), "h100-80gb", {"u": Efficiency()})
+    assert len(scored) == 58
+    assert all(s.predicted["u"][2] == (s.m.status == "ok") for s in scored)
+    errors = sorted(abs(s.predicted["u"][1] / s.m.peak_memory_bytes - 1) for s in scored if s.m.status == "ok")
+    assert errors[len(errors) // 2] <= 0.05 and errors[-1] <= 0.15
+
+
+def test_replay_on_the_h100_grid() -> None:
+    """The real tune search against the H100 grid's eleven groups (stages at one micro-batch each): every choice
+    within 3% of its group's best in at most 5 experiments (measured: 11 of 11, 3.18 mean, 5 max)."""
+    groups = gpu_grid_groups(H100_GRID)
+    result = replay(groups, "gpu_grid_h100", DEFAULT_TOP_K)
+    assert len(groups) == 11
+    assert result.within_share == pytest.approx(1.0)
+    assert max(o.num_experiments for o in result.outcomes) <= 5
 
 
 @pytest.mark.deepspeed
