@@ -416,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "plan":
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"hardware": args.hardware, "runs": PLANS[args.set](args.hardware)}, indent=1) + "\n")
+        planned = {"hardware": args.hardware, "runs": PLANS[args.set](args.hardware)}
+        args.out.write_text(json.dumps(planned, indent=1) + "\n")
         return 0
     runs = json.loads(args.plan.read_text())["runs"]
     if args.cmd == "report":
