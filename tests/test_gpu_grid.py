@@ -1,6 +1,6 @@
 """The GPU grids (data/measurements/gpu_grid: real DeepSpeed runs on one H200, 58 on one H100): the plan
-is what calibrate chooses, the stored rows read back as measurements, the model's figures on them, the replay, and the worker
-itself under real DeepSpeed on this machine's CPU."""
+is what calibrate chooses, the stored rows read back as measurements, the model's figures on them, the replay,
+and the worker itself under real DeepSpeed on this machine's CPU."""
 
 from __future__ import annotations
 
