@@ -7,8 +7,9 @@
    taken in priority order (calibrate/params.py) while the data are sensitive to them and they move the
    predictions in a direction the ones already taken do not (Gram-Schmidt; e.g. per-step and per-micro-step
    overheads are one direction until gradient accumulation varies). At most one parameter per
-   CONFIGURATIONS_PER_PARAM distinct configurations is fitted; asked for named parameters, the fit takes up to
-   one per configuration and refuses more.
+   CONFIGURATIONS_PER_PARAM distinct configurations is fitted, besides local ones (_local: a parameter at most a
+   third of the runs depend on, such as ZeRO-3's hooks in calibrate's one ZeRO-3 probe); asked for named
+   parameters, the fit takes up to one per configuration and refuses more.
 3. Bounded robust least squares (scipy.optimize.least_squares, soft_l1 loss so one bad run does not drag the
    fit) of log(predicted / measured) step time for every finished run, log(predicted / measured) peak memory
    where measured, and a hinge log(capacity / predicted) + margin for an OOM predicted to fit (and the
@@ -54,6 +55,8 @@ _SEPARABLE_MIN = 0.05
 # data can barely separate lets the weakly determined ones soak up model error (seen: from three rows of one
 # model, a per-micro-step overhead took 0.28 s and wrecked the transfer to the other models).
 CONFIGURATIONS_PER_PARAM = 2
+# Fewer configurations than this have no neighbours to tell a local parameter (_local) by.
+_LOCAL_MIN_CONFIGURATIONS = 4
 # Weak pull towards the base value (per internal unit): keeps directions the data barely informs
 # (e.g. latency vs bandwidth on large messages only) where they started instead of wandering.
 _PRIOR_WEIGHT = 0.01
@@ -247,6 +250,7 @@ def _separable(jacobian: np.ndarray, names: list[str], cap: int, num_configs: in
     kept: list[str] = []
     basis: list[np.ndarray] = []
     skipped: dict[str, str] = {}
+    local = 0  # local parameters (_local) taken: they do not count against the cap
     for i, name in enumerate(names):
         column, varied_by = jacobian[:, i], PARAMS_BY_NAME[name].varied_by
         if column.size == 0 or np.max(np.abs(column)) < _SENSITIVITY_MIN:
@@ -257,13 +261,24 @@ def _separable(jacobian: np.ndarray, names: list[str], cap: int, num_configs: in
             rest -= (q @ rest) * q
         if np.linalg.norm(rest) < _SEPARABLE_MIN * np.linalg.norm(column):
             skipped[name] = f"moves every prediction as {', '.join(kept)} do; telling them apart needs {varied_by}"
-        elif len(kept) >= cap:
+        elif len(kept) - local >= cap and not _local(column):
             skipped[name] = (f"{num_configs} distinct configurations support {cap} parameter(s); measure more "
                              f"configurations")
         else:
             basis.append(rest / np.linalg.norm(rest))
             kept.append(name)
+            local += _local(column)
     return kept, skipped
+
+
+def _local(column: np.ndarray) -> bool:
+    """A parameter only a few runs depend on (ZeRO-3's hooks: the ZeRO-3 run; ZeRO-2's: the ZeRO-2 and -3 runs)
+    is told by those runs against their neighbours, whatever the parameters every run depends on take: it does
+    not count against the cap. calibrate's probes hold one ZeRO-3 run beside ZeRO-0 to -2 so that it is fitted
+    on the GPU the profile is for: ZeRO-3's hook time is host time, and two GPU machines' hosts differed 1.6x
+    (data/measurements/gpu_grid: 240 us a module on the H200 grid's fit half, 400 on the H100's)."""
+    sensitive = int(np.sum(np.abs(column) >= _SENSITIVITY_MIN))
+    return column.size >= _LOCAL_MIN_CONFIGURATIONS and sensitive <= column.size // 3
 
 
 def _solve(cases: list[_Case], base: Efficiency, names: list[str], x0: np.ndarray, residuals: Residuals
