@@ -136,7 +136,9 @@ class Efficiency:
     hook added to the step: 170 and 230 us. The H100 probes of the built-in workload on another host read 410 us
     (stage 3 backward 163 ms against stage 0's 50 ms). A 16- and 32-layer width-32 model on one CPU rank gave
     0.1-0.3 ms per module and pass (benchmarks/zero3_hooks.md). Host time: it varies with the host CPU, which
-    calibration measures."""
+    calibration measures (calibrate.fit._local: from calibrate's ZeRO-3 probe). The H100 grid's fit half on
+    another machine (2026-11-28, the same models, h100_rows.jsonl) reads 400 us with the fetch at 180; one
+    value for both machines leaves an RMS log error of 0.17 on each, against 0.10 and 0.09 on its own."""
     zero3_param_fetch_s: float = 1.6e-4
     """Per parameter tensor gathered and released: status changes, stream and event handling per tensor
     (partitioned_param_coordinator.py:390-415), the torch.cat of its partitions (partition_parameters.py:795)
