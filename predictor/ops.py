@@ -37,8 +37,8 @@ from zerotune.predictor.job import Efficiency
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
-__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "PhaseTimes", "layer_times", "outer_times",
-           "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES"]
+__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
+           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES"]
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
@@ -144,10 +144,29 @@ def _linear(tokens: Batch, n_in: float, n_out: float, rates: DeviceRates, weight
         # this project's CPU VM (one thread, fp32, 2026-11-27): the forward's time beyond its FLOPs at the 2048^3
         # pace was 0.92 of one copy of the weight at the copy pace of its size (least squares over 48 shapes, 32-1024
         # rows, weights 256^2 to 768 x 3072); the backward's dY W and dY^T x ran at full pace (165-185 GFLOP/s at
-        # 128 rows), so they are not charged.
+        # 128 rows) and are charged no pack. Timed alone their operands were in cache; in a model all three GEMMs
+        # also pay cold_weight_s.
         fwd = fwd + _elementwise(n_in * n_out, 1, 1, 0, rates)
     bwd = gemm_s(tokens, n_in, n_out, 1, rates) + weight_grad * gemm_s(n_in, n_out, tokens, 1, rates)
+    cold = cold_weight_s(n_in, n_out, rates)
+    fwd, bwd = fwd + cold, bwd + cold * (1 + weight_grad)
     return fwd, bwd, gemm_flops(tokens, n_out, n_in)
+
+
+def cold_weight_s(n_in: float, n_out: float, rates: DeviceRates) -> float:
+    """Seconds of one read (or write) of an n_in x n_out weight-shaped GEMM operand at the memory-bound pace, which
+    each of a linear layer's three GEMMs pays on a CPU (rates.packs_weights; 0 elsewhere): inside a model the other
+    layers' activations have evicted W since its last use, so the forward and the input gradient read it and the
+    weight gradient writes dW from and to memory, where a GEMM timed alone finds them in cache. Measured on this
+    project's CPU VM (one thread, fp32, 2026-11-28, `python -m benchmarks.cold_weights`): a 64 MiB write between
+    calls added 0.05-1.0 of one copy of the weight at a cold 16 MiB copy's pace per GEMM, median 0.43 over 18
+    GEMMs of the encoder fixture's shapes (one read is half a copy), at 128 rows as at 640, whatever the FLOPs.
+    With it, `python -m benchmarks.first_prediction` (11 scripts, back to back with the code before): the first
+    experiment inside its band for 10 of 11 scripts against 6, RMS log error 0.099 -> 0.075; the profiling run
+    11 / 11 against 10, 0.096 -> 0.076 (data/measurements/first_prediction/results_2026-11-28_cold_weights)."""
+    if not rates.packs_weights:
+        return 0.0
+    return rates.element_bytes * n_in * n_out / rates.memory_bytes_per_s
 
 
 def _adapters(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, int, int]:

@@ -12,7 +12,7 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import _linear, device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.ops import _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -290,12 +290,32 @@ def test_memory_bound_kernels_that_fit_the_caches_move_their_bytes_at_the_measur
     assert gemm_s(512, 512, 512, 1, cached) == gemm_s(512, 512, 512, 1, plain)
 
 
+def test_each_gemm_of_a_cpu_linear_reads_or_writes_its_cold_weight_once() -> None:
+    """Source: `python -m benchmarks.cold_weights` on this project's CPU VM (2026-11-28, one thread, fp32): after a
+    64 MiB write, each GEMM of the encoder fixture's linear shapes took longer than timed back to back by these
+    copies of its weight at a cold 16 MiB copy's pace (16.3 GB/s), forward / input gradient / weight gradient, at
+    128 x 384 -> 1536, 128 x 1536 -> 384, 128 x 384 -> 384, 640 x 384 -> 1536, 128 x 384 -> 8192 and 640 x 384 ->
+    8192. Their median is one read or write of the weight (half a copy) within 0.1 copy, which cold_weight_s charges
+    per GEMM: three for a trained weight, two for a frozen one (no weight gradient)."""
+    measured = (0.69, 0.42, 0.25, 0.39, 0.17, 0.19, 0.91, 0.74, 1.00, 0.20, 0.34, 0.57, 0.44, 0.05, 0.75, -1.01, 0.80,
+                0.77)
+    cpu = replace(device_rates(load_hardware("cpu"), "fp32", Efficiency()), memory_bytes_per_s=16.3e9)
+    copy_s = 2 * 4 * 384 * 1536 / 16.3e9
+    assert cold_weight_s(384, 1536, cpu) / copy_s == pytest.approx(float(np.median(measured)), abs=0.1)
+    trained, frozen = _linear(128, 384, 1536, cpu), _linear(128, 384, 1536, cpu, weight_grad=0.0)
+    plain = replace(cpu, packs_weights=False)
+    assert trained[1] - _linear(128, 384, 1536, plain)[1] == pytest.approx(2 * cold_weight_s(384, 1536, cpu))
+    frozen_plain = _linear(128, 384, 1536, plain, weight_grad=0.0)
+    assert frozen[1] - frozen_plain[1] == pytest.approx(cold_weight_s(384, 1536, cpu))
+
+
 def test_a_cpu_linear_forward_copies_its_weight_and_its_backward_does_not() -> None:
-    """Source: F.linear timed on this project's CPU VM (one thread, fp32, 2026-11-27, with the copy curve timed the
-    same minute: 77, 96, 27, 27, 6 and 5 GB/s for 0.25 to 128 MiB moved; the 2048^3 product at 180.3 GFLOP/s), the
-    forward at 32 and 128 rows of four weights. With one copy of the weight the model's mean error over them is
-    within 12% (it is 24% from the FLOPs alone); the backward's GEMMs ran at full pace and are not charged; a GPU's
-    linear is unchanged."""
+    """Source: F.linear timed alone (warm) on this project's CPU VM (one thread, fp32, 2026-11-27, with the copy
+    curve timed the same minute: 77, 96, 27, 27, 6 and 5 GB/s for 0.25 to 128 MiB moved; the 2048^3 product at
+    180.3 GFLOP/s), the forward at 32 and 128 rows of four weights. With one copy of the weight the model's mean
+    error over them is within 12% (it is 24% from the FLOPs alone); the backward's GEMMs ran at full pace and are
+    charged no copy. In a model each of the three GEMMs also reads or writes the cold weight once
+    (cold_weight_s), which a GEMM timed alone does not; a GPU's linear is unchanged."""
     moved = (0.25, 1.0, 4.0, 16.0, 64.0, 128.0)
     rates = (77e9, 96e9, 27e9, 27e9, 6e9, 5e9)
     gain = tuple((mib * 2**20, rate / rates[-1]) for mib, rate in zip(moved, rates))
@@ -307,8 +327,10 @@ def test_a_cpu_linear_forward_copies_its_weight_and_its_backward_does_not() -> N
     for (n_in, n_out), times in measured_us.items():
         for rows, measured in zip((32, 128), times):
             forward, backward, _ = _linear(rows, n_in, n_out, cpu)
-            errors.append(abs(forward * 1e6 / measured - 1))
+            cold = cold_weight_s(n_in, n_out, cpu)
+            errors.append(abs((forward - cold) * 1e6 / measured - 1))
             unpacked_errors.append(abs(_linear(rows, n_in, n_out, plain)[0] * 1e6 / measured - 1))
-            assert backward == _linear(rows, n_in, n_out, plain)[1]
+            assert backward == pytest.approx(_linear(rows, n_in, n_out, plain)[1] + 2 * cold)
+            assert cold > 0 and cold_weight_s(n_in, n_out, plain) == 0
     assert np.mean(errors) <= 0.12 and np.mean(unpacked_errors) >= 0.2
     assert cpu.packs_weights and not device_rates(load_hardware("h200"), "bf16", Efficiency()).packs_weights
