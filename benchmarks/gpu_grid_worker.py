@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                            "reason": "the worker process died during this run"})
         inflight.unlink()
     rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()] if args.out.exists() else []
+    rows = [r for r in rows if r.get("status") != "skipped"]  # a run skipped for an earlier deadline runs now
     done = {r["id"] for r in rows}
     by_id = {r["id"]: r for r in runs}
     stopped = {by_id[r["id"]]["chain"] for r in rows if r["id"] in by_id and _ends_chain(r)}

@@ -242,7 +242,8 @@ def test_the_h100_profile_fits_zero3s_hooks_from_its_probes_and_transfers_to_the
 @pytest.mark.deepspeed
 def test_worker_runs_real_deepspeed_on_the_cpu(tmp_path: Path) -> None:
     """gpu_grid_worker.py as it ran on the H200, here on the CPU (one process, world size 1, gloo): a tiny GPT-2
-    at ZeRO-1 and ZeRO-3, one row each with its step time and phases; a row already in --out is not run again."""
+    at ZeRO-1 and ZeRO-3, one row each with its step time and phases; a row already in --out is not run again,
+    and a run an earlier call skipped for its deadline is (the H100 grid's resumed call ran nothing without it)."""
     saved = gpu_grid.MODELS.copy()
     gpu_grid.MODELS["tiny"] = gpu_grid.GridModel("gpt2-tiny", "eager", "gpt2", 32, 2)
     try:
@@ -252,15 +253,16 @@ def test_worker_runs_real_deepspeed_on_the_cpu(tmp_path: Path) -> None:
         gpu_grid.MODELS.update(saved)
     (tmp_path / "plan.json").write_text(json.dumps({"runs": plan}))
     out = tmp_path / "rows.jsonl"
-    out.write_text(json.dumps({"id": plan[1]["id"], "status": "ok", "step_s": 1.0}) + "\n")
+    out.write_text(json.dumps({"id": plan[1]["id"], "status": "ok", "step_s": 1.0}) + "\n"
+                   + json.dumps({"id": plan[0]["id"], "status": "skipped", "reason": "deadline"}) + "\n")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29533"}
     worker = Path(gpu_grid.__file__).with_name("gpu_grid_worker.py")
     proc = subprocess.run([sys.executable, str(worker), "--plan", str(tmp_path / "plan.json"), "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in rows] == [plan[1]["id"], plan[0]["id"]]
-    row = rows[1]
+    assert [r["id"] for r in rows] == [plan[1]["id"], plan[0]["id"], plan[0]["id"]]
+    row = rows[2]
     assert row["status"] == "ok" and row["optimizer_class"] == "DeepSpeedZeroOptimizer"
     assert row["step_s"] > 0 and row["forward_s"] > 0 and row["backward_s"] > 0
     assert len(row["steps"]) == 10
