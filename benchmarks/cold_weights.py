@@ -40,12 +40,12 @@ def main() -> int:
     src = torch.randn(16 * 2**20 // 4)
     dst = torch.empty_like(src)
     copy_s = _median_s(lambda: dst.copy_(src), flush)
-    pace = 2 * src.numel() * 4 / copy_s
-    print(f"cold 16 MiB copy: {pace / 1e9:.1f} GB/s (read + write)")
+    copy_bytes_per_s = 2 * src.numel() * 4 / copy_s
+    print(f"cold 16 MiB copy: {copy_bytes_per_s / 1e9:.1f} GB/s (read + write)")
     extras = []
     for rows, n_in, n_out in SHAPES:
         x, w, dy = torch.randn(rows, n_in), torch.randn(n_out, n_in), torch.randn(rows, n_out)
-        copy_of_weight_s = 2 * w.numel() * 4 / pace
+        copy_of_weight_s = 2 * w.numel() * 4 / copy_bytes_per_s
         for name, fn in (("forward x W^T", lambda: torch.nn.functional.linear(x, w)),
                          ("input grad dY W", lambda: dy @ w), ("weight grad dY^T x", lambda: dy.t() @ x)):
             warm, cold = _median_s(fn, None), _median_s(fn, flush)

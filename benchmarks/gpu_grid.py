@@ -132,6 +132,12 @@ def calibration_runs(hardware: str = "h200") -> list[dict[str, Any]]:
     return [_run(CALIBRATION_MODEL, p.config, "calibration", seq_len=p.seq_len) for p in probes]
 
 
+def _unique(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs without repeats of an id, first occurrence kept."""
+    seen: set[str] = set()
+    return [r for r in runs if not (r["id"] in seen or seen.add(r["id"]))]
+
+
 def plan(hardware: str = "h200") -> list[dict[str, Any]]:
     runs = calibration_runs(hardware)
     for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-large", "llama-3.2-1b"):
@@ -150,8 +156,7 @@ def plan(hardware: str = "h200") -> list[dict[str, Any]]:
     runs += [_run("gpt2-large", _config(3, 4, gas=2), "accumulation")]
     runs += [_run(name, _config(s, MODELS[name].base_micro, offload=True), "offload")
              for name, s in (("gpt2-large", 2), ("gpt2-xl", 2), ("llama-3.2-1b", 3))]
-    seen: set[str] = set()
-    unique = [r for r in runs if not (r["id"] in seen or seen.add(r["id"]))]
+    unique = _unique(runs)
     for run, pred in zip(unique, predict_rows(unique, hardware, Efficiency())):
         run["budget_s"] = round(STEPS_PER_RUN * pred["step_s"] + RUN_OVERHEAD_S, 1)
     return unique
@@ -177,10 +182,7 @@ def plan_all(hardware: str) -> list[dict[str, Any]]:
     largest micro-batch chains, then precision, attention, checkpointing, accumulation and offload, and the
     calibration probes last (a profile's probes may already have been measured on that GPU)."""
     order = ("stages", "largest", "fp16", "attention", "checkpointing", "accumulation", "offload", "calibration")
-    runs = plan(hardware) + plan_shapes(hardware)
-    seen: set[str] = set()
-    unique = [r for r in runs if not (r["id"] in seen or seen.add(r["id"]))]
-    return sorted(unique, key=lambda r: order.index(r["role"]))
+    return sorted(_unique(plan(hardware) + plan_shapes(hardware)), key=lambda r: order.index(r["role"]))
 
 
 def run_config(run: dict[str, Any]) -> DSConfig:

@@ -253,6 +253,7 @@ def _separable(jacobian: np.ndarray, names: list[str], cap: int, num_configs: in
     local = 0  # local parameters (_local) taken: they do not count against the cap
     for i, name in enumerate(names):
         column, varied_by = jacobian[:, i], PARAMS_BY_NAME[name].varied_by
+        is_local = _local(column)
         if column.size == 0 or np.max(np.abs(column)) < _SENSITIVITY_MIN:
             skipped[name] = f"no measurement is sensitive to it; it needs {varied_by}"
             continue
@@ -261,13 +262,13 @@ def _separable(jacobian: np.ndarray, names: list[str], cap: int, num_configs: in
             rest -= (q @ rest) * q
         if np.linalg.norm(rest) < _SEPARABLE_MIN * np.linalg.norm(column):
             skipped[name] = f"moves every prediction as {', '.join(kept)} do; telling them apart needs {varied_by}"
-        elif len(kept) - local >= cap and not _local(column):
+        elif len(kept) - local >= cap and not is_local:
             skipped[name] = (f"{num_configs} distinct configurations support {cap} parameter(s); measure more "
                              f"configurations")
         else:
             basis.append(rest / np.linalg.norm(rest))
             kept.append(name)
-            local += _local(column)
+            local += is_local
     return kept, skipped
 
 
