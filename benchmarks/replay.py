@@ -3,7 +3,7 @@
     python -m benchmarks.replay [--budget N] [--seed S] [--markdown FILE]
 
 Each comparable group of a measured data set is "the cluster" (the group key of zerotune.validate.accuracy: same model,
-hardware, GPU count, sequence length, precision and global batch). The search space is the group's rows, and
+hardware, GPU count, sequence length, precision, global batch and kind of figure). The search space is the group's rows, and
 only them: a configuration that was not measured cannot be run, so it is not a candidate (the replay's
 Candidates are built from the rows; the space's generator is not used). Running an experiment returns its
 measured step time, or OOM / failure where that was recorded. The decisions are zerotune.validate.search.run_search, the

@@ -86,7 +86,7 @@ def _line(member: Member, group: Group) -> str:
 
 
 def format_group(group: Group) -> str:
-    dims, hardware, world, seq, precision, global_batch, metric = group.key
+    dims, hardware, world, seq, precision, global_batch, metric, _ = group.key
     head = (f"{'hit' if group.hit else 'MISS'} layers/hidden/heads/ffn/vocab {dims} on {world} x {hardware}, "
             f"seq {seq}, {precision}, global batch {global_batch}, {metric}: pick / best "
             f"{group.pick_share_of_best:.3f}")

@@ -128,6 +128,13 @@ A stage predicted slower than the measured best by more than this is not run as 
 seed 13, deliberately wrong model (stages off by up to 4x against each other): within 3% of the best CPU grid 89%
 -> 92%, H200 grid 90.5% -> 92.4%, shapes grid 96% -> 97%, BLOOM 94.3% -> 95.7%, 16-V100 table 95.2% -> 99.0%, at
 3.11 -> 3.23, 2.92 -> 3.09, 2.93 -> 3.05 and 1.97 -> 2.10 experiments; the real model's figures unchanged."""
+MIN_FIT_PROBABILITY = float(ndtr(-BAND_Z))
+"""After the first experiment, a configuration is run only if it fits in memory with at least this probability: the
+one-sided confidence of the ranking's band, so that a configuration the memory model puts past the edge of its
+band counts as unlikely to fit just as one predicted past the edge of the step-time band counts as unable to win.
+Without it the search spent experiments on configurations at p(fit) 0.001 once nothing else could beat the best:
+GPT-Neo-1.3B on one H100, micro-batch 4 predicted at 91 of 80 GiB (memory band +-12%), ran out of memory at ZeRO-1,
+then at ZeRO-2 and ZeRO-0 (replay seed 13, h100_grid)."""
 _FACTORS = ((0,), (1, 2), (3,), (4,), (5,))
 """The family key's positions of each factor: stage, offload (both devices), checkpointing, tensor parallel,
 pipeline parallel (separate mechanisms: TP's all-reduces in every layer, PP's bubble and stage-to-stage sends)."""
@@ -299,8 +306,6 @@ def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty)
     """(lowest, highest) scale r of predicted peak memory that the runs so far allow."""
     prior_low, prior_high = 1.0 - MEMORY_Z * uncertainty.memory_rel, 1.0 + MEMORY_Z * uncertainty.memory_rel
     low, high = prior_low, prior_high
-    for o in (o for o in observations if o.memory_ratio > 0 and o.status in MEASURED):
-        high = min(high, max(1.0 / o.memory_ratio, prior_low))  # a fit moves the upper edge, not past the lower
     for o in (o for o in observations if o.memory_ratio > 0 and o.status == "oom"):
         if 1.0 / o.memory_ratio <= prior_high:
             low = max(low, 1.0 / o.memory_ratio)
@@ -310,6 +315,11 @@ def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty)
             # stopping at its edge, where a configuration one sample smaller would count as sure to fit.
             low = max(low, 1.0 / o.memory_ratio)
             high = max(high, low * prior_high / prior_low)
+    # A fit moves the upper edge (not past the prior's lower one), after the OOMs have moved the band: a run that
+    # fitted below an OOM that moved it bounds it from above (micro-batch 6 fitted under the cap where 8 did not:
+    # 7 lies between them, not at the moved band's bottom).
+    for o in (o for o in observations if o.memory_ratio > 0 and o.status in MEASURED):
+        high = min(high, max(1.0 / o.memory_ratio, prior_low))
     return (low, high) if low <= high else (high, low)  # contradicting runs (allocator noise): keep both edges
 
 
@@ -426,9 +436,13 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
         score = np.where(second, _expected_improvement(goodness, std, best) * p_fit * np.exp(-log_cost), -np.inf)
         return _choice(cands, int(np.argmax(score)), goodness, std, post, p_fit)
     margin = MIN_GAIN_REL if min_gain_rel is None else min_gain_rel
-    can_beat = open_ & (bound > best + math.log1p(margin))
+    plausible = open_ & (p_fit >= MIN_FIT_PROBABILITY)
+    if not plausible.any():
+        return Choice(None, f"stopped: every configuration not yet run fits in memory with a probability below "
+                            f"{MIN_FIT_PROBABILITY:.1%} (the memory model's band and the runs so far)")
+    can_beat = plausible & (bound > best + math.log1p(margin))
     if not can_beat.any():
-        top = int(np.argmax(np.where(open_, bound, -np.inf)))
+        top = int(np.argmax(np.where(plausible, bound, -np.inf)))
         gain = 100 * (math.exp(bound[top] - best) - 1)
         how = (f"falls {-gain:.1f}% short" if gain <= 0
                else f"beats it by only {gain:.1f}%, within the {margin:.0%} margin")
