@@ -85,10 +85,15 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
         return {}
     large = rows[len(rows) // 2:]
     bus = float(np.median([float(r["bus_bandwidth_bytes_per_s"]) for r in large]))
-    out = {f"{link}_bandwidth_efficiency": _clip(f"{link}_bandwidth_efficiency", bus / catalog_bandwidth)}
+    # across nodes a ring with r ranks a node runs over r NICs at once (step_time.data_parallel_link): the
+    # catalog's figure is one NIC's, so each record is set against r of them
+    per_link = lambda r: float(r["bus_bandwidth_bytes_per_s"]) / (  # noqa: E731
+        max(1, int(r.get("ranks_per_node", 1))) if link == "inter_node" else 1)
+    out = {f"{link}_bandwidth_efficiency": _clip(f"{link}_bandwidth_efficiency",
+                                                 float(np.median([per_link(r) for r in large])) / catalog_bandwidth)}
     largest = sorted({float(r["bytes"]) for r in large})[-NUM_LARGEST_SIZES:]
     top = [r for r in large if float(r["bytes"]) in largest]
-    all_reduce = [float(r["bus_bandwidth_bytes_per_s"]) for r in top if _op(r) == "all_reduce"]
+    all_reduce = [per_link(r) for r in top if _op(r) == "all_reduce"]
     if all_reduce and any(_op(r) != "all_reduce" for r in top):
         # per operation: the all-reduce sets the link, the others their ratio to it (gloo's differ 3-4x)
         out[f"{link}_bandwidth_efficiency"] = _clip(f"{link}_bandwidth_efficiency",

@@ -17,6 +17,8 @@ simulation within a stated tolerance.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import networkx as nx
@@ -68,7 +70,7 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
         return _in_line_micro_step(job, cfg, eff, parts)
     m, z = job.model, cfg.zero
     n_dp = cfg.dp_size(job.cluster.world_size)
-    bandwidth, latency = data_parallel_link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff, cfg)
     num_layers = parts.layers
     layer_params = m.num_layer_params / cfg.mp_size
     # gathered: every parameter; reduced: the trainable ones (ModelSpec.frozen_layer_params), adapters in the blocks
@@ -104,24 +106,38 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     compute_prev = _add(graph, "outer_f", "compute", parts.outer_forward_s, [compute_prev])
     compute_prev = _add(graph, "outer_b", "compute", parts.outer_backward_s, [compute_prev])
     bucket_elems, reduce_prev, bwd_tasks = 0.0, "", []
+    regathers: dict[int, str] = {}
+
+    def regather_block(i: int) -> None:
+        """Backward's gather of block i, issued when block i + prefetch_depth + 1's backward ends."""
+        nonlocal gather_prev
+        k = num_layers - 1 - i
+        window = bwd_tasks[k - prefetch_depth - 1] if k > prefetch_depth else ""
+        gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", regather * layer_params, layer_calls),
+                           [gather_prev, window])
+        regathers[i] = gather_prev
+
+    if z.stage == 3:  # the first blocks' gathers, before any backward compute
+        for i in range(num_layers - 1, max(num_layers - 2 - prefetch_depth, -1), -1):
+            regather_block(i)
     for i in reversed(range(num_layers)):  # backward, gradients bucketed as blocks finish
-        deps = [compute_prev]
-        if z.stage == 3:
-            k = num_layers - 1 - i
-            window = bwd_tasks[k - prefetch_depth - 1] if k > prefetch_depth else ""
-            gather_prev = _add(graph, f"ag_b{i}", "comm", comm("all_gather", regather * layer_params, layer_calls),
-                               [gather_prev, window])
-            deps.append(gather_prev)
+        deps = [compute_prev] + ([regathers[i]] if z.stage == 3 else [])
         compute_prev = _add(graph, f"b{i}", "compute", layer_bwd, deps)
         bwd_tasks.append(compute_prev)
+        if z.stage == 3 and i - prefetch_depth - 1 >= 0:
+            # the prefetch of a later block is issued in this block's backward, before its gradients' reduction
+            # (partitioned_param_coordinator.py fetch_sub_module prefetches from the pre-backward hook), so the
+            # link carries it ahead of this block's reduce-scatter
+            regather_block(i - prefetch_depth - 1)
         bucket_elems += trained_layer_params
         if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
             reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
-    if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything
-        left = bucket_elems + trained_outer_params
-        _add(graph, "rs_last", "comm", comm(reduce_kind, left), [compute_prev, reduce_prev])
+    if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything: still one
+        left = bucket_elems + trained_outer_params  # call a bucket (reduce_independent_p_g_buckets_and_remove_grads)
+        calls = max(1, math.ceil(left / max(z.reduce_bucket_size_elems, 1)))
+        _add(graph, "rs_last", "comm", comm(reduce_kind, left, calls), [compute_prev, reduce_prev])
     compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
     comm_s = sum(d for _, d in graph.nodes(data="duration") if d is not None) - compute_s
     return SimulatedMicroStep(makespan_s=_schedule(graph), compute_s=compute_s, comm_s=comm_s)
@@ -134,7 +150,7 @@ def _in_line_micro_step(job: Job, cfg: DSConfig, eff: Efficiency, parts: StagePa
     backward. Each collective is step_time's own (data_parallel_collectives, collective_s), so the schedule
     and the closed form count the same communication; with one stream none of it hides."""
     n_dp = cfg.dp_size(job.cluster.world_size)
-    bandwidth, latency = data_parallel_link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff, cfg)
     timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg)]
     layer_fwd, layer_bwd = parts.block_forward_s, parts.block_backward_s + parts.block_recompute_s
     graph, prev = nx.DiGraph(), ""

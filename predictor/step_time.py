@@ -69,13 +69,31 @@ class TimeEstimate:
         return sum(self.breakdown_s.values())
 
 
-def data_parallel_link(job: Job, eff: Efficiency) -> tuple[float, float]:
-    """(bandwidth B/s, latency s) of the slowest link a data-parallel ring crosses."""
-    hw = job.cluster.hardware
-    if job.cluster.num_nodes > 1:
-        latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
-        return hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency, latency
-    return intra_node_link(job, eff)
+def data_parallel_link(job: Job, eff: Efficiency, cfg: DSConfig | None = None) -> tuple[float, float]:
+    """(bus bandwidth B/s, latency s per ring step) of a data-parallel ring; without `cfg`, of one stream between
+    two nodes (a pipeline stage's send to the next).
+
+    NCCL runs a collective as several rings (channels) at once, each leaving a node through its own NIC
+    (one per GPU on the nodes the catalog describes), so a ring that holds r ranks of each node crosses the
+    network r times in parallel and its bus bandwidth is r NICs' (capped by the node's own links): two nodes
+    of eight A100s with four 200 Gb/s NICs each are expected to reach 100 GB/s of all-reduce bus bandwidth
+    and measured 86 (github NVIDIA/nccl-tests issue 175; issue 119: three such nodes, 85-96 GB/s). The catalog's
+    inter_node_bandwidth is per GPU (a DGX A100's 8 x 200 Gb/s: 25 GB/s), so ZeRO data parallelism over whole
+    nodes of eight gets eight times one NIC, where the link of a single ring (one GPU a node, as under 8-way
+    tensor parallelism) gets one. A ring that fits in one node (tensor x data parallel within it; Megatron's
+    rank order: tensor, then data, then pipeline) runs on the node's links alone."""
+    hw, cluster = job.cluster.hardware, job.cluster
+    if cluster.num_nodes == 1:
+        return intra_node_link(job, eff)
+    latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
+    per_nic = hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency
+    if cfg is None:
+        return per_nic, latency
+    tp, dp = cfg.mp_size, cfg.dp_size(cluster.world_size)
+    if tp * dp <= cluster.num_gpus_per_node:
+        return intra_node_link(job, eff)
+    rings = max(1, min(dp, cluster.num_gpus_per_node // tp))
+    return min(per_nic * rings, intra_node_link(job, eff)[0]), latency
 
 
 def intra_node_link(job: Job, eff: Efficiency) -> tuple[float, float]:
@@ -282,7 +300,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
     all-gathers, though issued async (runtime/zero/partition_parameters.py:123), are gloo copying and reducing
     on the cores the ranks compute on."""
     n_dp = cfg.dp_size(job.cluster.world_size)
-    bandwidth, latency = data_parallel_link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff, cfg)
     hides = job.cluster.hardware.comm_compute_overlap
     overlap = cfg.zero.overlap_comm and hides
     timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg)]
@@ -306,7 +324,7 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
                            gas: Batch) -> tuple[Batch, Batch]:
     """(exposed, total) seconds of data-parallel communication per optimizer step."""
     n_dp = cfg.dp_size(job.cluster.world_size)
-    bandwidth, latency = data_parallel_link(job, eff)
+    bandwidth, latency = data_parallel_link(job, eff, cfg)
     last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
     exposed, total = last + (gas - 1) * other, 0.0
     for c in data_parallel_collectives(job, cfg):
@@ -429,7 +447,7 @@ def optimizer_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float,
         return 0.0, 0.0
     n_dp = cfg.dp_size(job.cluster.world_size)
     update, wrapper = _device_update_s(job, cfg, eff)
-    link = data_parallel_link(job, eff)
+    link = data_parallel_link(job, eff, cfg)
     gather = sum(collective_s(c, n_dp, *link, eff) for c in data_parallel_collectives(job, cfg) if c.phase == "after_step")
     return update, wrapper + gather + _overheads_s(job, cfg, eff)[1]
 

@@ -13,9 +13,11 @@ from zerotune.calibrate.fit import MIN_CONFIGURATIONS, collapse_duplicates, fit,
 from zerotune.calibrate.measurement import Measurement
 from zerotune.calibrate.params import PARAMS, Param, check_params
 from zerotune.calibrate.starting import fit_microbenchmarks
-from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, estimate, load_hardware, load_model
+from zerotune.predictor import ClusterSpec, DSConfig, Efficiency, Job, ZeroConfig, estimate, load_hardware, load_model
 from zerotune.predictor.memory import estimate_memory
 from zerotune.predictor.ops import device_rates, gemm_s
+from zerotune.predictor.step_time import data_parallel_link
+from tests.conftest import make_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -310,3 +312,19 @@ def test_collectives_at_one_bus_bandwidth_leave_the_ratios_at_one() -> None:
     eff = fit_microbenchmarks({"collectives": collectives}, hw, Efficiency())
     assert (eff.all_gather_bandwidth_ratio, eff.reduce_scatter_bandwidth_ratio) == (1.0, 1.0)
     assert eff.intra_node_bandwidth_efficiency == pytest.approx(0.7)
+
+
+def test_an_inter_node_ring_is_set_against_one_nic_per_rank_a_node() -> None:
+    # 16 ranks on two DGX A100 nodes (LOCAL_SIZE 8, deepspeed/launcher/launch.py:182): the all-reduce's bus
+    # bandwidth is eight NICs' (step_time.data_parallel_link), so 160 GB/s measured is 0.8 of the 25 GB/s a NIC
+    # the catalog holds, and the predictor's ring gets those 160 back.
+    hw = load_hardware("a100-80gb")
+    bus = 8 * 0.8 * hw.inter_node_bandwidth_bytes_per_s
+    collectives = [{"op": "all_reduce", "bytes": size, "num_ranks": 16, "ranks_per_node": 8, "link": "inter_node",
+                    "bus_bandwidth_bytes_per_s": bus, "seconds": size * 2 * 15 / 16 / bus + 2 * 15 * 15e-6}
+                   for size in (1024, 2**20, 2**26, 2**28)]
+    eff = fit_microbenchmarks({"collectives": collectives}, hw, Efficiency())
+    assert eff.inter_node_bandwidth_efficiency == pytest.approx(0.8, rel=1e-6)
+    assert eff.inter_node_latency_s == pytest.approx(15e-6, rel=1e-3)
+    assert data_parallel_link(make_job("gpt2-xl", "a100-80gb", 2, 8, 1024), eff,
+                              DSConfig(zero=ZeroConfig(stage=1)))[0] == pytest.approx(min(bus, 0.75 * 300e9))

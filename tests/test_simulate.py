@@ -19,12 +19,16 @@ CONFIGS = [DSConfig(train_micro_batch_size_per_gpu=4, precision="fp16",
 
 
 def test_closed_form_agrees_with_simulation_on_the_test_set() -> None:
-    # Tolerance: |closed - simulated| exposed communication within 25% of the simulated micro-step for
-    # every case, and within 5% at the median. Measured when written (operator-level compute with DeepSpeed's
+    # Tolerance: |closed - simulated| exposed communication within 10% of the simulated micro-step for
+    # every case, and within 2% at the median (25% and 5% until 2026-11-28, below). Measured when written (operator-level compute with DeepSpeed's
     # per-module ZeRO-3 gathers): worst 16.0% (bert-large on 2 nodes, ZeRO-3, 5e7 buckets: the closed form
     # hides the gathers in bulk where the simulation's per-block prefetch runs out of window), median 0.5%;
     # since ZeRO-3's backward hooks lengthen backward on the host side (every module a Hugging Face block runs),
-    # the same case reads 24.2% and GPT-2 XL's 22.8%, median unchanged.
+    # the same case reads 24.2% and GPT-2 XL's 22.8%, median unchanged. With a ring across nodes over one NIC per
+    # rank a node (step_time.data_parallel_link, 2026-11-28) Llama-2-7B on 4 nodes read 31%: the simulation issued
+    # backward's prefetched gathers behind the previous block's reduce-scatter on its one link, where DeepSpeed
+    # prefetches from the pre-backward hook, before that block's gradients are reduced; issued so, and the
+    # reduction without overlap_comm one call a bucket as the closed form counts it, worst 3.1%, median 0.6%.
     # Where they differ the product reports the simulation (estimate) and re-orders the ranking's kept rows by it.
     errors = []
     for model, hw, nodes, gpus in JOBS:
@@ -32,8 +36,8 @@ def test_closed_form_agrees_with_simulation_on_the_test_set() -> None:
         for cfg in CONFIGS:
             sim = simulate_micro_step(job, cfg)
             errors.append(abs(last_micro_step_exposed(job, cfg) - sim.exposed_comm_s) / sim.makespan_s)
-    assert max(errors) <= 0.25
-    assert statistics.median(errors) <= 0.05
+    assert max(errors) <= 0.10
+    assert statistics.median(errors) <= 0.02
 
 
 def test_nothing_is_exposed_on_one_gpu() -> None:
