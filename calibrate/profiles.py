@@ -180,6 +180,7 @@ EFFICIENCY_RANGES: dict[str, tuple[float, float]] = {
     "intra_node_latency_s": (0.0, 1.0), "inter_node_latency_s": (0.0, 1.0), "runtime_reserved_bytes": (0.0, 1e14),
     "step_overhead_s": (0.0, 3600.0), "micro_step_overhead_s": (0.0, 3600.0), "grad_hook_s": (0.0, 1.0),
     "zero3_module_hook_s": (0.0, 1.0), "zero3_param_fetch_s": (0.0, 1.0), "zero3_gather_s": (0.0, 1.0), "collective_launch_s": (0.0, 1.0),
+    "zero3_gathers_per_block": (0.0, 1000.0),
     "tensor_sync_check_s": (0.0, 1.0), "optimizer_tensor_s": (0.0, 1.0),
 }
 """Inclusive (low, high) of each Efficiency field a profile may hold: fractions of a peak lie in (0, 1] (bandwidth

@@ -85,7 +85,7 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
         return {}
     large = rows[len(rows) // 2:]
     bus = float(np.median([float(r["bus_bandwidth_bytes_per_s"]) for r in large]))
-    # across nodes a ring with r ranks a node runs over r NICs at once (step_time.data_parallel_link): the
+    # across nodes a ring with r ranks a node runs over r NICs at once (links.data_parallel_link): the
     # catalog's figure is one NIC's, so each record is set against r of them
     per_link = lambda r: float(r["bus_bandwidth_bytes_per_s"]) / (  # noqa: E731
         max(1, int(r.get("ranks_per_node", 1))) if link == "inter_node" else 1)

@@ -154,6 +154,13 @@ class Efficiency:
     (ds_autotuning_hf_v100: bert-base-cased, 2479.5 samples/s, 59 ms a step above the prediction without it, over
     75 fetched tensors); on its test half it moves GPT-2 XL's ZeRO-3 row from 22.6 to 14.7 samples/s predicted
     (measured 12.9) and leaves DistilBERT's within 1-7%."""
+    zero3_gathers_per_block: float = 0.0
+    """All-gathers per transformer block and pass under a fully sharded data-parallel runtime that gathers whole
+    flat parameters (0: DeepSpeed's ZeRO-3, one all_gather_coalesced per module owning a fetched tensor,
+    zero_mechanics.Zero3Trace). PyTorch FSDP wrapped per block gathers the block's one flat parameter in one
+    call and reduce-scatters its gradient in one (torch/distributed/fsdp/_flat_param.py, _runtime_utils.py
+    _pre_forward_unshard / _post_backward_hook), plus one unit for what lies outside the blocks; set to 1 for
+    published FSDP rows (zerotune.validate.published.framework_efficiency). Not a DeepSpeed setting."""
     collective_launch_s: float = 2.0e-5
     """Per collective issued, on top of the link's latency: DeepSpeed's comm wrapper and torch.distributed's
     dispatch (~10-20 us of Python and C++) and the NCCL kernel launch (~5 us, CUDA launch overhead). Not

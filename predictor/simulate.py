@@ -26,8 +26,9 @@ import networkx as nx
 from zerotune.predictor.dsconfig import DSConfig
 from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.memory import DTYPE_BYTES
-from zerotune.predictor.step_time import (Collective, CollectiveKind, TimeEstimate, collective_s, data_parallel_collectives,
-                                          data_parallel_link, estimate_time, last_micro_step_exposed, StageParts,
+from zerotune.predictor.links import CollectiveKind
+from zerotune.predictor.step_time import (Collective, TimeEstimate, collective_s, data_parallel_collectives,
+                                          data_parallel_link, estimate_time, fsdp_units, last_micro_step_exposed, StageParts,
                                           stage_parts)
 from zerotune.predictor.zero_mechanics import grad_reduction, zero3_trace
 
@@ -80,7 +81,8 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
     trace = zero3_trace(m, cfg)
     # ZeRO-3 issues one gather per module: a block's calls, and backward re-gathers only what forward released.
-    layer_calls = max(1, round(trace.num_gather_calls_forward / m.num_layers))
+    units = fsdp_units(job, cfg, eff)
+    layer_calls = max(1, round(trace.num_gather_calls_forward / m.num_layers)) if units is None else 1
     regather = trace.fetched_elems_backward / max(trace.fetched_elems_forward, 1.0)
 
     def comm(kind: CollectiveKind, elems: float, num_calls: int = 1) -> float:
@@ -130,7 +132,7 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
             # link carries it ahead of this block's reduce-scatter
             regather_block(i - prefetch_depth - 1)
         bucket_elems += trained_layer_params
-        if z.stage >= 1 and z.overlap_comm and bucket_elems >= z.reduce_bucket_size_elems:
+        if z.stage >= 1 and z.overlap_comm and (bucket_elems >= z.reduce_bucket_size_elems or units is not None):
             reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
@@ -151,7 +153,7 @@ def _in_line_micro_step(job: Job, cfg: DSConfig, eff: Efficiency, parts: StagePa
     and the closed form count the same communication; with one stream none of it hides."""
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff, cfg)
-    timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg)]
+    timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg, eff)]
     layer_fwd, layer_bwd = parts.block_forward_s, parts.block_backward_s + parts.block_recompute_s
     graph, prev = nx.DiGraph(), ""
     tasks = ([(f"{c.kind}_f{i}", t) for i, (c, t) in enumerate(timed) if c.phase == "forward"]

@@ -10,21 +10,24 @@ N data-parallel ranks, Psi parameters, p / g bytes per parameter and gradient:
            those forward released, one call per module; reduce-scatter of Psi*g per bucket
 (zero_mechanics.py counts the calls and bytes.) DeepSpeed's host overheads per hook, tensor and call
 (zero_mechanics.runtime_overhead_s) add to the "overhead" term.
-Ring collectives cost (N-1)/N of the bytes per rank (twice for all-reduce) over the slowest link, plus
-a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth convention).
+Ring collectives cost (N-1)/N of the bytes per rank (twice for all-reduce) at the ring's bus bandwidth, plus
+a latency per ring step per bucket (Thakur et al. 2005; NCCL's bus-bandwidth convention; the links a ring
+crosses: links.py).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Union
 
 import numpy as np
 
 from zerotune.predictor.dsconfig import DSConfig
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.links import (Collective, collective_s, data_parallel_link, intra_node_link,
+                                      ring_across_nodes)
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
@@ -32,7 +35,7 @@ from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook
                                               runtime_overhead_s, wrapper_bytes_per_param, zero3_trace)
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "compute_times", "fsdp_units", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages",
            "optimizer_update_s"]
 
@@ -40,21 +43,6 @@ TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "pipeline_p
               "optimizer_step", "offload", "overhead")
 Batch = Union[int, float, np.ndarray]
 """A micro-batch size or accumulation count: one value, or an array of them evaluated at once (ranking)."""
-CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
-Phase = Literal["forward", "backward", "forward_backward", "after_step", "after_backward"]
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One kind of data-parallel collective in one micro-step (or once per step), split into buckets."""
-
-    kind: CollectiveKind
-    bytes_per_rank: float
-    num_buckets: int
-    phase: Phase
-    per_micro_step: bool
-
-
 @dataclass(frozen=True)
 class TimeEstimate:
     breakdown_s: dict[str, float]
@@ -69,55 +57,17 @@ class TimeEstimate:
         return sum(self.breakdown_s.values())
 
 
-def data_parallel_link(job: Job, eff: Efficiency, cfg: DSConfig | None = None) -> tuple[float, float]:
-    """(bus bandwidth B/s, latency s per ring step) of a data-parallel ring; without `cfg`, of one stream between
-    two nodes (a pipeline stage's send to the next).
-
-    NCCL runs a collective as several rings (channels) at once, each leaving a node through its own NIC
-    (one per GPU on the nodes the catalog describes), so a ring that holds r ranks of each node crosses the
-    network r times in parallel and its bus bandwidth is r NICs' (capped by the node's own links): two nodes
-    of eight A100s with four 200 Gb/s NICs each are expected to reach 100 GB/s of all-reduce bus bandwidth
-    and measured 86 (github NVIDIA/nccl-tests issue 175; issue 119: three such nodes, 85-96 GB/s). The catalog's
-    inter_node_bandwidth is per GPU (a DGX A100's 8 x 200 Gb/s: 25 GB/s), so ZeRO data parallelism over whole
-    nodes of eight gets eight times one NIC, where the link of a single ring (one GPU a node, as under 8-way
-    tensor parallelism) gets one. A ring that fits in one node (tensor x data parallel within it; Megatron's
-    rank order: tensor, then data, then pipeline) runs on the node's links alone."""
-    hw, cluster = job.cluster.hardware, job.cluster
-    if cluster.num_nodes == 1:
-        return intra_node_link(job, eff)
-    latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
-    per_nic = hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency
-    if cfg is None:
-        return per_nic, latency
-    tp, dp = cfg.mp_size, cfg.dp_size(cluster.world_size)
-    if tp * dp <= cluster.num_gpus_per_node:
-        return intra_node_link(job, eff)
-    rings = max(1, min(dp, cluster.num_gpus_per_node // tp))
-    return min(per_nic * rings, intra_node_link(job, eff)[0]), latency
+def fsdp_units(job: Job, cfg: DSConfig, eff: Efficiency | None) -> tuple[int, int] | None:
+    """(gathers in forward, gathers in backward) of a runtime that gathers one flat parameter per wrapped block
+    (Efficiency.zero3_gathers_per_block; its gradient reduce-scatters count as the forward's), None for
+    DeepSpeed's ZeRO-3."""
+    if eff is None or eff.zero3_gathers_per_block <= 0:
+        return None
+    blocks = max(1, round(cfg.stage_layers(job.model.num_layers) * eff.zero3_gathers_per_block))
+    return blocks + 1, blocks
 
 
-def intra_node_link(job: Job, eff: Efficiency) -> tuple[float, float]:
-    """(bandwidth B/s, latency s) of a ring within one node (tensor parallelism, single-node jobs)."""
-    hw = job.cluster.hardware
-    latency = hw.intra_node_latency_s if eff.intra_node_latency_s is None else eff.intra_node_latency_s
-    return hw.intra_node_bandwidth_bytes_per_s * eff.intra_node_bandwidth_efficiency, latency
-
-
-def collective_s(c: Collective, num_ranks: int, bandwidth: float, latency: float, eff: Efficiency | None = None
-                 ) -> float:
-    """Ring time of a collective: its bus volume at the link's bandwidth (times the operation's bandwidth ratio
-    to an all-reduce, Efficiency.all_gather_bandwidth_ratio / reduce_scatter_bandwidth_ratio, when `eff` is
-    given), plus a latency per ring step per call."""
-    if num_ranks == 1:
-        return 0.0
-    steps = 2 * (num_ranks - 1) if c.kind == "all_reduce" else num_ranks - 1
-    volume = c.bytes_per_rank * steps / num_ranks
-    if eff is not None and c.kind != "all_reduce":
-        bandwidth *= eff.all_gather_bandwidth_ratio if c.kind == "all_gather" else eff.reduce_scatter_bandwidth_ratio
-    return volume / bandwidth + c.num_buckets * steps * latency
-
-
-def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
+def data_parallel_collectives(job: Job, cfg: DSConfig, eff: Efficiency | None = None) -> list[Collective]:
     """The collectives each stage issues (zero_mechanics.grad_reduction, zero3_trace), one bucket per call."""
     z, m = cfg.zero, job.model
     psi = m.num_trainable_params / cfg.model_parallel_size  # frozen parameters are neither reduced nor updated
@@ -134,12 +84,13 @@ def data_parallel_collectives(job: Job, cfg: DSConfig) -> list[Collective]:
     # ZeRO-3 gathers what is not persistent, one call per module, in forward, and again in backward only what
     # forward released (stage3_max_reuse_distance).
     trace, tp = zero3_trace(m, cfg), cfg.mp_size
-    collectives = [Collective(red.kind, psi * g, red.num_calls, "backward", True),
-                   Collective("all_gather", trace.fetched_elems_forward / tp * p,
-                              max(1, trace.num_gather_calls_forward), "forward", True)]
+    units = fsdp_units(job, cfg, eff)
+    calls_f, calls_b = units or (max(1, trace.num_gather_calls_forward), trace.num_gather_calls_backward)
+    collectives = [Collective(red.kind, psi * g, units[0] if units else red.num_calls, "backward", True),
+                   Collective("all_gather", trace.fetched_elems_forward / tp * p, calls_f, "forward", True)]
     if trace.num_gather_calls_backward:
-        collectives.append(Collective("all_gather", trace.fetched_elems_backward / tp * p,
-                                      trace.num_gather_calls_backward, "backward", True))
+        collectives.append(Collective("all_gather", trace.fetched_elems_backward / tp * p, calls_b, "backward",
+                                      True))
     return collectives
 
 
@@ -303,7 +254,7 @@ def _in_step_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch, bwd: 
     bandwidth, latency = data_parallel_link(job, eff, cfg)
     hides = job.cluster.hardware.comm_compute_overlap
     overlap = cfg.zero.overlap_comm and hides
-    timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg)]
+    timed = [(c, collective_s(c, n_dp, bandwidth, latency, eff)) for c in data_parallel_collectives(job, cfg, eff)]
     in_bwd = [(t, c.num_buckets) for c, t in timed if c.phase == "backward"]
     if cfg.zero.stage < 3:
         last = _windowed(in_bwd, bwd, overlap, eff)
@@ -327,7 +278,7 @@ def _data_parallel_exposed(job: Job, cfg: DSConfig, eff: Efficiency, fwd: Batch,
     bandwidth, latency = data_parallel_link(job, eff, cfg)
     last, other = _in_step_exposed(job, cfg, eff, fwd, bwd + rec)
     exposed, total = last + (gas - 1) * other, 0.0
-    for c in data_parallel_collectives(job, cfg):
+    for c in data_parallel_collectives(job, cfg, eff):
         t = collective_s(c, n_dp, bandwidth, latency, eff)
         total += t * (gas if c.per_micro_step else 1)
         if c.phase in ("after_backward", "after_step"):
@@ -356,10 +307,13 @@ def _tensor_parallel_calls(job: Job, cfg: DSConfig) -> tuple[int, int, int]:
 
 
 def tensor_parallel_allreduce_s(job: Job, cfg: DSConfig, eff: Efficiency, size_bytes: Batch) -> Batch:
-    """One tensor-parallel all-reduce of an activation: a ring over the node's links whose bus bandwidth rises
-    with the message as size / (size + n_1/2) (Hockney's half-performance length; NCCL's bus bandwidth climbs
-    through the 1-64 MB these messages span), plus the call's fixed cost."""
+    """One tensor-parallel all-reduce of an activation: a ring over the node's links (and the nodes' NICs where
+    the group is wider than a node, ring_across_nodes) whose bus bandwidth rises with the message as
+    size / (size + n_1/2) (Hockney's half-performance length; NCCL's bus bandwidth climbs through the 1-64 MB
+    these messages span), plus the call's fixed cost."""
     bandwidth, latency = intra_node_link(job, eff)
+    if cfg.mp_size > job.cluster.num_gpus_per_node:  # a tensor-parallel group wider than a node
+        bandwidth, latency = ring_across_nodes(job, eff, cfg.mp_size, job.cluster.num_gpus_per_node)
     ramp = size_bytes / (size_bytes + eff.tensor_parallel_half_bandwidth_bytes)
     ring = collective_s(Collective("all_reduce", size_bytes, 1, "forward_backward", True), cfg.mp_size,
                         bandwidth * ramp, latency)
@@ -448,7 +402,7 @@ def optimizer_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float,
     n_dp = cfg.dp_size(job.cluster.world_size)
     update, wrapper = _device_update_s(job, cfg, eff)
     link = data_parallel_link(job, eff, cfg)
-    gather = sum(collective_s(c, n_dp, *link, eff) for c in data_parallel_collectives(job, cfg) if c.phase == "after_step")
+    gather = sum(collective_s(c, n_dp, *link, eff) for c in data_parallel_collectives(job, cfg, eff) if c.phase == "after_step")
     return update, wrapper + gather + _overheads_s(job, cfg, eff)[1]
 
 

@@ -292,7 +292,10 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
         # backward's host side (backward_hook_host_s)
         fetches = (t.num_fetched_tensors_forward * (eff.zero3_param_fetch_s + gather)
                    + t.num_fetched_tensors_backward * gather)
-        gathers = (t.num_gather_calls_forward + t.num_gather_calls_backward) * launch
+        calls = t.num_gather_calls_forward + t.num_gather_calls_backward
+        if eff.zero3_gathers_per_block > 0:  # whole flat parameters a block (Efficiency.zero3_gathers_per_block)
+            calls = 2 * max(1, round(cfg.stage_layers(model.num_layers) * eff.zero3_gathers_per_block)) + 1
+        gathers = calls * launch
         return share * (hooks + fetches) + gathers + reduce_s, per_step
     if z.stage == 2:
         return reduce_s, per_step + launch  # + the all-gather of the updated partitions

@@ -316,7 +316,7 @@ def test_collectives_at_one_bus_bandwidth_leave_the_ratios_at_one() -> None:
 
 def test_an_inter_node_ring_is_set_against_one_nic_per_rank_a_node() -> None:
     # 16 ranks on two DGX A100 nodes (LOCAL_SIZE 8, deepspeed/launcher/launch.py:182): the all-reduce's bus
-    # bandwidth is eight NICs' (step_time.data_parallel_link), so 160 GB/s measured is 0.8 of the 25 GB/s a NIC
+    # bandwidth is eight NICs' (links.data_parallel_link), so 160 GB/s measured is 0.8 of the 25 GB/s a NIC
     # the catalog holds, and the predictor's ring gets those 160 back.
     hw = load_hardware("a100-80gb")
     bus = 8 * 0.8 * hw.inter_node_bandwidth_bytes_per_s

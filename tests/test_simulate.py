@@ -25,7 +25,7 @@ def test_closed_form_agrees_with_simulation_on_the_test_set() -> None:
     # hides the gathers in bulk where the simulation's per-block prefetch runs out of window), median 0.5%;
     # since ZeRO-3's backward hooks lengthen backward on the host side (every module a Hugging Face block runs),
     # the same case reads 24.2% and GPT-2 XL's 22.8%, median unchanged. With a ring across nodes over one NIC per
-    # rank a node (step_time.data_parallel_link, 2026-11-28) Llama-2-7B on 4 nodes read 31%: the simulation issued
+    # rank a node (links.data_parallel_link, 2026-11-28) Llama-2-7B on 4 nodes read 31%: the simulation issued
     # backward's prefetched gathers behind the previous block's reduce-scatter on its one link, where DeepSpeed
     # prefetches from the pre-backward hook, before that block's gradients are reduced; issued so, and the
     # reduction without overlap_comm one call a bucket as the closed form counts it, worst 3.1%, median 0.6%.

@@ -271,6 +271,30 @@ def test_a_data_parallel_ring_across_nodes_runs_over_one_nic_per_rank_a_node() -
     assert data_parallel_link(job, eff, tp8)[0] == pytest.approx(per_nic)
     tp4 = _cfg(1).replace(mp_size=4)  # two rings' ranks a node
     assert data_parallel_link(job, eff, tp4)[0] == pytest.approx(2 * per_nic)
+    # latency: NCCL's ring crosses the network only at the node boundaries (src/graph/tuning.cc ncclTopoTuneModel:
+    # (nsteps - nInterSteps) x intraLat + nInterSteps x interLat); 64 nodes of eight: 448 of 511 steps on NVLink
+    big = make_job("gpt2-xl", "a100-80gb", 64, 8, 1024)
+    step = data_parallel_link(big, eff, _cfg(1))[1]
+    assert step * 511 == pytest.approx(448 * hw.intra_node_latency_s + 63 * hw.inter_node_latency_s)
+    assert data_parallel_link(big, eff, tp8)[1] == pytest.approx(hw.inter_node_latency_s)  # a node a step
     inside = _cfg(1).replace(mp_size=2, pp_size=4)  # tp 2 x dp 2 inside a node, the pipeline across nodes
     assert data_parallel_link(job, eff, inside) == data_parallel_link(make_job("gpt2-xl", "a100-80gb", 1, 8, 1024),
                                                                       eff)
+
+
+def test_a_tensor_parallel_group_wider_than_a_node_crosses_the_network() -> None:
+    # vTrain's GPT-3.6B ran 16-way tensor parallelism on 8-GPU nodes (vtrain_multi.jsonl): each all-reduce's ring
+    # leaves the node through eight NICs (160 GB/s at 0.8 of 25 GB/s each, below NVLink's 225) and pays the
+    # network's latency at the node boundaries.
+    from zerotune.predictor.step_time import tensor_parallel_allreduce_s
+    eff = Efficiency()
+    job = make_job("gpt2-xl", "a100-80gb", 2, 8, 1024)
+    hw = job.cluster.hardware
+    size = 64e6
+    inside = tensor_parallel_allreduce_s(job, _cfg(1).replace(mp_size=8), eff, size)
+    across = tensor_parallel_allreduce_s(job, _cfg(1).replace(mp_size=16), eff, size)
+    ramp = size / (size + eff.tensor_parallel_half_bandwidth_bytes)
+    bus = min(8 * 0.8 * hw.inter_node_bandwidth_bytes_per_s, 0.75 * hw.intra_node_bandwidth_bytes_per_s)
+    latency = (14 * hw.intra_node_latency_s + hw.inter_node_latency_s) / 15
+    assert across == pytest.approx(size * 2 * 15 / 16 / (bus * ramp) + 2 * 15 * latency + eff.tensor_parallel_call_s)
+    assert across > inside

@@ -243,7 +243,7 @@ def framework_efficiency(row: dict[str, Any], eff: Efficiency, config: DSConfig 
     if "fsdp" not in framework:
         return eff
     return dataclasses.replace(eff, zero3_module_hook_s=0.0, zero3_param_fetch_s=0.0, zero3_gather_s=0.0,
-                               grad_hook_s=0.0, optimizer_tensor_s=0.0)
+                               grad_hook_s=0.0, optimizer_tensor_s=0.0, zero3_gathers_per_block=1.0)
 
 
 def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
