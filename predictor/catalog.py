@@ -376,12 +376,13 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
             "achievable_source", "comm_compute_overlap", "comm_compute_overlap_source",
             "heap_retained_activation_fraction", "heap_retained_source", "gemm_tile_elems", "gemm_tile_source",
             "eager_bandwidth_share", "eager_bandwidth_source", "kernel_launch_source", "dropout_rng_ns_per_element",
-            "dropout_rng_source", "subnormal_gemm_slowdown", "subnormal_gemm_source"}
+            "dropout_rng_source", "subnormal_gemm_slowdown", "subnormal_gemm_source", "flash_attention_tflops",
+            "flash_attention_source"}
 _HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops", "comm_compute_overlap",
                 "comm_compute_overlap_source", "heap_retained_activation_fraction", "heap_retained_source",
                 "gemm_tile_elems", "gemm_tile_source", "eager_bandwidth_share", "eager_bandwidth_source",
                 "kernel_launch_source", "dropout_rng_ns_per_element", "dropout_rng_source", "subnormal_gemm_slowdown",
-                "subnormal_gemm_source"}
+                "subnormal_gemm_source", "flash_attention_tflops", "flash_attention_source"}
 
 
 HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
@@ -400,6 +401,7 @@ HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
     "gemm_tile_elems": (1.0, 1024.0, "elements"), "eager_bandwidth_share": (0.0, 1.0, "of the copy bandwidth"),
     "dropout_rng_ns_per_element": (0.0, 1_000_000.0, "ns"),
     "subnormal_gemm_slowdown": (0.0, 100_000.0, "per unit share of subnormal operands"),
+    "flash_attention_tflops": (0.0, 100_000.0, "TFLOP/s"),
 }
 """(low, high, unit) of each hardware key, in the key's own unit. Memory, FLOP/s and bandwidth must be above
 low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are ~50x today's largest device (H200: 141 GiB,
@@ -485,4 +487,6 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
                                    if "dropout_rng_ns_per_element" in doc else 0.0),
         subnormal_gemm_slowdown=(_number(path, doc, "subnormal_gemm_slowdown")
                                  if "subnormal_gemm_slowdown" in doc else 0.0),
+        flash_attention_flops=(_number(path, doc, "flash_attention_tflops") * TERA
+                               if "flash_attention_tflops" in doc else 0.0),
     )

@@ -79,6 +79,9 @@ class DeviceRates:
     """HardwareSpec.subnormal_gemm_slowdown."""
     cache_gain: tuple[tuple[float, float], ...] = ()
     """Efficiency.memory_cache_gain: (bytes a kernel moves, its bandwidth over memory_bytes_per_s), smallest first."""
+    flash_flops_per_s: float = 0.0
+    """A fused attention kernel's rate (HardwareSpec.flash_attention_flops after the calibration's scales); 0
+    means matmul_flops_per_s."""
     packs_weights: bool = False
     """Whether a linear layer's forward GEMM first copies its weight into the BLAS's blocked layout, a pass nothing
     overlaps: on a CPU (HardwareSpec.kind 'cpu'), see _linear."""
@@ -93,7 +96,9 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
-                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), hw.kind == "cpu")
+                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain),
+                       hw.flash_attention_flops * getattr(eff, f"{precision}_compute_scale") if precision != "fp32"
+                       else 0.0, hw.kind == "cpu")
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -194,7 +199,9 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
     if model.attention == "flash":
         # one fused kernel: the same tensor-core work, but the s x s scores never reach memory; a causal model's
         # kernel skips the score tiles above the diagonal
-        on_chip = dataclasses.replace(rates, memory_bytes_per_s=np.inf, gemm_memory_bytes_per_s=np.inf)
+        rate = min(rates.matmul_flops_per_s, rates.flash_flops_per_s or rates.matmul_flops_per_s)
+        on_chip = dataclasses.replace(rates, memory_bytes_per_s=np.inf, gemm_memory_bytes_per_s=np.inf,
+                                      matmul_flops_per_s=rate)
         fused = causal_flash_share(model, s) * (gemm_s(s, s, d, heads, on_chip) + gemm_s(s, d, s, heads, on_chip))
         return fused, FLASH_BACKWARD_PER_FORWARD * fused, flops
     # d(probs) = d(context) V^T and dV = probs^T d(context); dQ = d(scores) K and dK = d(scores)^T Q

@@ -97,9 +97,10 @@ def test_extension_only_rows_are_skipped_for_that_reason(scores) -> None:
 # 13.6 -> 15.0 (their pipelines now pay the activation transfers between nodes that the model did not charge;
 # both were already predicted slow), bounds kept. A data-parallel ring across nodes then ran over one NIC per
 # rank a node, and FSDP gathered a flat parameter a block (links.data_parallel_link, step_time.fsdp_units): llm-foundry
-# 16.5 -> 11.2 (bound tightened), BLOOM 10.0 -> 9.8, vTrain multi 15.0 -> 14.6.
+# 16.5 -> 11.2 (bound tightened), BLOOM 10.0 -> 9.8, vTrain multi 15.0 -> 14.6; flash attention at
+# FlashAttention-2's rate on Hopper (hardware flash_attention_tflops): llm-foundry 11.2 -> 8.9.
 SPEED_BOUNDS = [("bloom_tr11", 9.8, 12.0), ("korthikanti2022_table5", 26.5, 27.0),
-                ("llmfoundry_mpt_fsdp", 11.2, 13.0), ("vtrain_multi", 14.6, 16.0), ("vtrain_single", 9.8, 12.0),
+                ("llmfoundry_mpt_fsdp", 8.9, 11.0), ("vtrain_multi", 14.6, 16.0), ("vtrain_single", 9.8, 12.0),
                 ("ds_autotuning_hf_v100", 29.2, 34.0)]
 
 
@@ -348,3 +349,17 @@ def test_fsdp_gathers_one_flat_parameter_per_block() -> None:
     gathers = [c for c in data_parallel_collectives(case.job, case.config, eff) if c.kind == "all_gather"]
     assert [c.num_buckets for c in gathers] == [case.job.model.num_layers + 1, case.job.model.num_layers]
     assert score_rows("llmfoundry_mpt_fsdp", rows).speed_mape_pct < 10.0
+
+
+def test_flash_attention_runs_at_flashattention2s_rate_on_hopper() -> None:
+    # llm-foundry's MPT-760M on 8 H100s (flash attention, ALiBi: every score tile; llmfoundry_mpt_fsdp.jsonl, test
+    # half): at 512 tokens within 5%, but the longer the sequence the more optimistic the prediction while attention
+    # ran at the GEMM rate, +46% at 32k tokens. FlashAttention-2 reaches 335 TFLOPs/s on an H100 against 794.5 for a
+    # GEMM (Dao 2023, sec. 4.1; data/hardware/h100-80gb.yaml flash_attention_tflops); at that rate, within 15%.
+    rows = [(rid, r) for rid, r in split_rows(read_rows(DEFAULT_DATA_DIR / "llmfoundry_mpt_fsdp.jsonl"), "test")
+            if r["model"]["name"] == "MPT-760m" and r["hardware"] == "h100-80gb" and r["num_gpus_total"] == 8]
+    long_rows = [x for x in rows if x[1]["batch"]["seq_len"] >= 8192]
+    assert len(long_rows) == 3
+    for rid, row in long_rows:
+        score = score_rows("llmfoundry_mpt_fsdp", [(rid, row)])
+        assert len(score.speed) == 1 and score.speed_mape_pct < 15.0, (rid, score.speed_mape_pct)

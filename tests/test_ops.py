@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import yaml
 
 from zerotune.predictor import DSConfig
 from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, load_model
@@ -97,6 +98,9 @@ def test_catalog_achievable_figures_are_below_the_datasheet_and_sourced(name: st
     assert 0 < hw.achievable_memory_bandwidth_bytes_per_s <= hw.memory_bandwidth_bytes_per_s
     assert 0 < hw.kernel_launch_s < 1e-3 and hw.num_compute_units >= 1
     assert len(hw.achievable_source) > 40
+    if hw.flash_attention_flops:  # a fused attention kernel's rate: below the 16-bit peak, with its source
+        assert 0 < hw.flash_attention_flops <= max(hw.peak_flops.get("bf16", 0), hw.peak_flops.get("fp16", 0))
+        assert "flash_attention_source" in yaml.safe_load((data_dir() / "hardware" / f"{name}.yaml").read_text())
 
 
 def test_catalog_rejects_a_matmul_figure_for_a_precision_without_a_peak(tmp_path) -> None:
