@@ -111,6 +111,11 @@ def test_published_peaks() -> None:
     assert load_hardware("h100-80gb").peak_flops["bf16"] == pytest.approx(989e12)
     assert load_hardware("h200").peak_flops["bf16"] == pytest.approx(989e12)
     assert load_hardware("v100-32gb").peak_flops["fp16"] == pytest.approx(125e12)
+    # the newer entries take peak and measured MAMF from shared/data/public/hardware_reference.csv (stas00 tables)
+    assert load_hardware("b200").peak_flops["bf16"] == pytest.approx(2250e12)
+    assert load_hardware("b200").matmul_flops["bf16"] == pytest.approx(1745e12)
+    assert load_hardware("mi300x").peak_flops["bf16"] == pytest.approx(1300e12)
+    assert load_hardware("mi300x").matmul_flops["bf16"] == pytest.approx(668.4e12)
 
 
 # -- models --------------------------------------------------------------------------------------------
