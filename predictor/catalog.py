@@ -106,14 +106,15 @@ MODEL_LIMITS: dict[str, int] = {
     "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
     "attention_head_dim": 2**16, "frozen_layer_params": 10**15, "frozen_outer_params": 10**15,
     "adapter_params": 10**15, "num_adapter_tensors": 2**24, "num_experts": 2**12, "experts_per_token": 2**12,
-    "cross_attention_layers": 4096,
+    "cross_attention_layers": 4096, "shared_expert_ffn_size": 2**22,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
 arrays stay in memory. A larger value is a typo or a different unit (a parameter count where layers go)."""
 _MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
                    "published_num_params", "attention_head_dim", "frozen_layer_params", "frozen_outer_params",
-                   "adapter_params", "num_adapter_tensors", "num_experts", "cross_attention_layers"}
+                   "adapter_params", "num_adapter_tensors", "num_experts", "cross_attention_layers",
+                   "shared_expert_ffn_size"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -239,13 +240,16 @@ def _hf_activation(cfg: dict[str, Any]) -> str:
 def _hf_experts(cfg: dict[str, Any], path: Path | str) -> dict[str, Any]:
     """A sparse MoE's experts (Mixtral's num_local_experts, Qwen-MoE's and OLMoE's num_experts; each of
     intermediate_size, or moe_intermediate_size where the config has one) and the experts a token is routed to
-    (num_experts_per_tok); nothing for a dense MLP. A shared expert (Qwen2-MoE) is not modelled."""
+    (num_experts_per_tok) and a shared expert every token runs (Qwen2-MoE's shared_expert_intermediate_size);
+    nothing for a dense MLP."""
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if not experts:
         return {}
     out = {"num_experts": experts, "experts_per_token": cfg.get("num_experts_per_tok") or 1}
     if cfg.get("moe_intermediate_size"):
         out["ffn_hidden_size"] = cfg["moe_intermediate_size"]
+    if cfg.get("shared_expert_intermediate_size"):
+        out["shared_expert_ffn_size"] = cfg["shared_expert_intermediate_size"]
     return _model_integers(path, out)
 
 

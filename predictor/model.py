@@ -147,6 +147,10 @@ class ModelSpec:
     experts_per_token of them (mlp_width)."""
     experts_per_token: int = 1
     """MoE: the experts each token is routed to (top-k: Mixtral's num_experts_per_tok 2, DeepSpeed MoE's k)."""
+    shared_expert_ffn_size: int = 0
+    """MoE: the width of a dense MLP every token runs beside its routed experts, gated like them where gated_mlp,
+    with a one-output gate of its own (Qwen2-MoE's shared_expert_intermediate_size and shared_expert_gate,
+    transformers models/qwen2_moe/modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock); 0: none."""
     cross_attention_layers: int = 0
     """Blocks with a cross-attention sub-block over the encoder's output: an encoder-decoder's decoder layers (T5's
     T5LayerCrossAttention, BART's encoder_attn; transformers models/t5/modeling_t5.py, models/bart/modeling_bart.py),
@@ -253,18 +257,24 @@ class ModelSpec:
         experts = [f"{p}.mlp"] if not self.num_experts else [f"{p}.mlp.experts.{e}" for e in range(self.num_experts)]
         if self.num_experts:  # the router: h -> one score per expert
             t.append(Tensor(f"{p}.mlp.router.weight", h * self.num_experts, layer))
-        for mlp in experts:
+        widths = [(mlp, f) for mlp in experts]
+        if self.num_experts and self.shared_expert_ffn_size:
+            widths.append((f"{p}.mlp.shared_expert", self.shared_expert_ffn_size))
+            t.append(Tensor(f"{p}.mlp.shared_expert_gate.weight", h, layer))
+        for mlp, width in widths:
             if self.gated_mlp:
-                t += self._linear(f"{mlp}.gate", h, f, self.mlp_bias, layer)
-            t += self._linear(f"{mlp}.up", h, f, self.mlp_bias, layer)
-            t += self._linear(f"{mlp}.down", f, h, self.mlp_bias, layer)
+                t += self._linear(f"{mlp}.gate", h, width, self.mlp_bias, layer)
+            t += self._linear(f"{mlp}.up", h, width, self.mlp_bias, layer)
+            t += self._linear(f"{mlp}.down", width, h, self.mlp_bias, layer)
         return t
 
     @property
     def mlp_width(self) -> int:
         """The MLP width a token's GEMMs and activations run over: the dense MLP's, or its top-k experts' together
         (each token's k expert MLPs cost k times one expert's FLOPs and saved activations)."""
-        return self.ffn_hidden_size * (self.experts_per_token if self.num_experts else 1)
+        if not self.num_experts:
+            return self.ffn_hidden_size
+        return self.ffn_hidden_size * self.experts_per_token + self.shared_expert_ffn_size
 
     def embedding_tensors(self) -> list[Tensor]:
         h = self.hidden_size

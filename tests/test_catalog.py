@@ -409,6 +409,21 @@ def test_hf_config_of_a_sparse_moe_holds_every_expert_and_runs_top_k(tmp_path: P
     assert layer_forward_flops(spec, 1, 128) == layer_forward_flops(dense.replace(ffn_hidden_size=1024), 1, 128)
 
 
+def test_hf_config_of_a_moe_with_a_shared_expert_counts_it(tmp_path: Path) -> None:
+    """Qwen2-MoE runs a dense shared expert (shared_expert_intermediate_size, gated, with a one-output sigmoid gate)
+    beside its routed experts (transformers models/qwen2_moe/modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock): left out,
+    the default config (14.3B) came out 5.8% short; counted, exact, and every token runs its GEMMs."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2MoeConfig(vocab_size=4000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                         num_attention_heads=8, num_key_value_heads=4, num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=128,
+                                         shared_expert_intermediate_size=384, max_position_embeddings=512)
+    spec = load_model(str(_write_config(tmp_path, "qwen2moe", config.to_dict())))
+    assert (spec.ffn_hidden_size, spec.shared_expert_ffn_size, spec.mlp_width) == (128, 384, 2 * 128 + 384)
+    real = transformers.Qwen2MoeForCausalLM(config)
+    assert spec.num_params == sum(p.numel() for p in real.parameters())
+
+
 def test_hf_config_dropout_rates_of_zero_mean_no_dropout(tmp_path: Path) -> None:
     # GPT-NeoX (transformers GPTNeoXConfig: attention_dropout 0.0, hidden_dropout 0.0) was costed with dropout
     # kernels and masks; BERT's 0.1 rates keep them
