@@ -64,6 +64,8 @@ def ring_across_nodes(job: Job, eff: Efficiency, ranks: int, per_node: int) -> t
     latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
     per_nic = hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency
     nvlink, hop = intra_node_link(job, eff)
+    if ranks <= 1:  # no ring (one data-parallel rank): nothing crosses, the figures are never used
+        return per_nic, latency
     nodes = -(-ranks // per_node)
     return min(per_nic * per_node, nvlink), ((ranks - nodes) * hop + (nodes - 1) * latency) / (ranks - 1)
 

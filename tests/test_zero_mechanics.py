@@ -277,6 +277,9 @@ def test_a_data_parallel_ring_across_nodes_runs_over_one_nic_per_rank_a_node() -
     step = data_parallel_link(big, eff, _cfg(1))[1]
     assert step * 511 == pytest.approx(448 * hw.intra_node_latency_s + 63 * hw.inter_node_latency_s)
     assert data_parallel_link(big, eff, tp8)[1] == pytest.approx(hw.inter_node_latency_s)  # a node a step
+    alone = _cfg(1).replace(mp_size=16)  # one data-parallel rank: no ring, and nothing to divide by
+    assert data_parallel_link(job, eff, alone)[0] == pytest.approx(per_nic)
+    assert estimate_time(job, alone).breakdown_s["exposed_comm"] == 0.0
     inside = _cfg(1).replace(mp_size=2, pp_size=4)  # tp 2 x dp 2 inside a node, the pipeline across nodes
     assert data_parallel_link(job, eff, inside) == data_parallel_link(make_job("gpt2-xl", "a100-80gb", 1, 8, 1024),
                                                                       eff)
