@@ -116,6 +116,8 @@ def test_published_peaks() -> None:
     assert load_hardware("b200").matmul_flops["bf16"] == pytest.approx(1745e12)
     assert load_hardware("mi300x").peak_flops["bf16"] == pytest.approx(1300e12)
     assert load_hardware("mi300x").matmul_flops["bf16"] == pytest.approx(668.4e12)
+    assert load_hardware("gaudi3").peak_flops["bf16"] == pytest.approx(1677e12)
+    assert load_hardware("gaudi3").matmul_flops["bf16"] == pytest.approx(1243e12)
 
 
 # -- models --------------------------------------------------------------------------------------------
