@@ -41,13 +41,11 @@ def data_parallel_link(job: Job, eff: Efficiency, cfg: DSConfig | None = None) -
     nodes of eight gets eight times one NIC, where the link of a single ring (one GPU a node, as under 8-way
     tensor parallelism) gets one. A ring that fits in one node (tensor x data parallel within it; Megatron's
     rank order: tensor, then data, then pipeline) runs on the node's links alone."""
-    hw, cluster = job.cluster.hardware, job.cluster
+    cluster = job.cluster
     if cluster.num_nodes == 1:
         return intra_node_link(job, eff)
-    latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
-    per_nic = hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency
     if cfg is None:
-        return per_nic, latency
+        return _one_nic(job, eff)
     tp, dp = cfg.mp_size, cfg.dp_size(cluster.world_size)
     if tp * dp <= cluster.num_gpus_per_node:
         return intra_node_link(job, eff)
@@ -60,14 +58,19 @@ def ring_across_nodes(job: Job, eff: Efficiency, ranks: int, per_node: int) -> t
     that cross a node boundary at the network's latency and the rest at the node's (src/graph/tuning.cc
     ncclTopoTuneModel: (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, nInterSteps nNodes - 1 for a
     gather or scatter, twice that for an all-reduce), as a mean per step."""
-    hw = job.cluster.hardware
-    latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
-    per_nic = hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency
-    nvlink, hop = intra_node_link(job, eff)
+    per_nic, latency = _one_nic(job, eff)
     if ranks <= 1:  # no ring (one data-parallel rank): nothing crosses, the figures are never used
         return per_nic, latency
+    nvlink, hop = intra_node_link(job, eff)
     nodes = -(-ranks // per_node)
     return min(per_nic * per_node, nvlink), ((ranks - nodes) * hop + (nodes - 1) * latency) / (ranks - 1)
+
+
+def _one_nic(job: Job, eff: Efficiency) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of one stream over one GPU's NIC to another node."""
+    hw = job.cluster.hardware
+    latency = hw.inter_node_latency_s if eff.inter_node_latency_s is None else eff.inter_node_latency_s
+    return hw.inter_node_bandwidth_bytes_per_s * eff.inter_node_bandwidth_efficiency, latency
 
 
 def intra_node_link(job: Job, eff: Efficiency) -> tuple[float, float]:

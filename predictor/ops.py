@@ -80,15 +80,17 @@ class DeviceRates:
     cache_gain: tuple[tuple[float, float], ...] = ()
     """Efficiency.memory_cache_gain: (bytes a kernel moves, its bandwidth over memory_bytes_per_s), smallest first."""
     flash_flops_per_s: float = 0.0
-    """A fused attention kernel's rate (HardwareSpec.flash_attention_flops after the calibration's scales); 0
-    means matmul_flops_per_s."""
+    """A fused attention kernel's rate (HardwareSpec.flash_attention_flops times the precision's compute scale, not
+    the GEMMs' efficiency scale: the catalog figure is the kernel's own measured rate); 0 means matmul_flops_per_s."""
     packs_weights: bool = False
     """Whether a linear layer's forward GEMM first copies its weight into the BLAS's blocked layout, a pass nothing
     overlaps: on a CPU (HardwareSpec.kind 'cpu'), see _linear."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
-    scale = getattr(eff, f"{precision}_compute_scale") * eff.gemm_efficiency_scale
+    precision_scale = getattr(eff, f"{precision}_compute_scale")
+    scale = precision_scale * eff.gemm_efficiency_scale
+    flash = hw.flash_attention_flops * precision_scale if precision != "fp32" else 0.0
     launch = hw.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
     return DeviceRates(hw.matmul_flops[precision] * scale,
                        hw.achievable_memory_bandwidth_bytes_per_s * hw.eager_bandwidth_share
@@ -96,9 +98,7 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
-                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain),
-                       hw.flash_attention_flops * getattr(eff, f"{precision}_compute_scale") if precision != "fp32"
-                       else 0.0, hw.kind == "cpu")
+                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), flash, hw.kind == "cpu")
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:

@@ -18,7 +18,6 @@ simulation within a stated tolerance.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import networkx as nx
@@ -28,9 +27,9 @@ from zerotune.predictor.job import Efficiency, Job
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.links import CollectiveKind
 from zerotune.predictor.step_time import (Collective, TimeEstimate, collective_s, data_parallel_collectives,
-                                          data_parallel_link, estimate_time, fsdp_units, last_micro_step_exposed, StageParts,
+                                          data_parallel_link, estimate_time, last_micro_step_exposed, StageParts,
                                           stage_parts)
-from zerotune.predictor.zero_mechanics import grad_reduction, zero3_trace
+from zerotune.predictor.zero_mechanics import fsdp_units, grad_reduction, zero3_trace
 
 __all__ = ["SimulatedMicroStep", "simulate_micro_step", "simulated_time"]
 
@@ -81,7 +80,7 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
     trace = zero3_trace(m, cfg)
     # ZeRO-3 issues one gather per module: a block's calls, and backward re-gathers only what forward released.
-    units = fsdp_units(job, cfg, eff)
+    units = fsdp_units(m, cfg, eff)
     layer_calls = max(1, round(trace.num_gather_calls_forward / m.num_layers)) if units is None else 1
     regather = trace.fetched_elems_backward / max(trace.fetched_elems_forward, 1.0)
 

@@ -31,11 +31,11 @@ from zerotune.predictor.links import (Collective, collective_s, data_parallel_li
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
-from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook_host_s, grad_reduction,
+from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook_host_s, fsdp_units, grad_reduction,
                                               runtime_overhead_s, wrapper_bytes_per_param, zero3_trace)
 
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
-           "compute_times", "fsdp_units", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
+           "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages",
            "optimizer_update_s"]
 
@@ -57,16 +57,6 @@ class TimeEstimate:
         return sum(self.breakdown_s.values())
 
 
-def fsdp_units(job: Job, cfg: DSConfig, eff: Efficiency | None) -> tuple[int, int] | None:
-    """(gathers in forward, gathers in backward) of a runtime that gathers one flat parameter per wrapped block
-    (Efficiency.zero3_gathers_per_block; its gradient reduce-scatters count as the forward's), None for
-    DeepSpeed's ZeRO-3."""
-    if eff is None or eff.zero3_gathers_per_block <= 0:
-        return None
-    blocks = max(1, round(cfg.stage_layers(job.model.num_layers) * eff.zero3_gathers_per_block))
-    return blocks + 1, blocks
-
-
 def data_parallel_collectives(job: Job, cfg: DSConfig, eff: Efficiency | None = None) -> list[Collective]:
     """The collectives each stage issues (zero_mechanics.grad_reduction, zero3_trace), one bucket per call."""
     z, m = cfg.zero, job.model
@@ -84,7 +74,7 @@ def data_parallel_collectives(job: Job, cfg: DSConfig, eff: Efficiency | None = 
     # ZeRO-3 gathers what is not persistent, one call per module, in forward, and again in backward only what
     # forward released (stage3_max_reuse_distance).
     trace, tp = zero3_trace(m, cfg), cfg.mp_size
-    units = fsdp_units(job, cfg, eff)
+    units = fsdp_units(m, cfg, eff)
     calls_f, calls_b = units or (max(1, trace.num_gather_calls_forward), trace.num_gather_calls_backward)
     collectives = [Collective(red.kind, psi * g, units[0] if units else red.num_calls, "backward", True),
                    Collective("all_gather", trace.fetched_elems_forward / tp * p, calls_f, "forward", True)]

@@ -29,7 +29,7 @@ from zerotune.predictor.dsconfig import DSConfig
 from zerotune.predictor.job import Efficiency
 from zerotune.predictor.model import ModelSpec, Tensor
 
-__all__ = ["OptimizerWrapper", "ReduceKind", "Zero3Trace", "GradReduction", "optimizer_wrapper", "zero3_trace",
+__all__ = ["OptimizerWrapper", "ReduceKind", "Zero3Trace", "GradReduction", "optimizer_wrapper", "zero3_trace", "fsdp_units",
            "grad_reduction", "grad_bytes_per_param", "transient_fp32_grad_bytes_per_param", "wrapper_bytes_per_param",
            "zero3_working_set_elems", "runtime_overhead_s", "backward_hook_host_s", "STAGE0_ALLREDUCE_BUCKET_ELEMS",
            "adam_traffic_ratio",
@@ -188,6 +188,16 @@ def _trace(model: ModelSpec, persistence_threshold: int, max_reuse_distance: int
         num_grad_tensors=len(tensors), largest_module_elems=float(max(max(sizes), model.largest_layer_params)))
 
 
+def fsdp_units(model: ModelSpec, cfg: DSConfig, eff: Efficiency | None) -> tuple[int, int] | None:
+    """(gathers in forward, gathers in backward) of a runtime that gathers one flat parameter per wrapped block
+    (Efficiency.zero3_gathers_per_block: the blocks, and one unit for what lies outside them; its gradient
+    reduce-scatters count as the forward's gathers), None for DeepSpeed's ZeRO-3 (Zero3Trace)."""
+    if eff is None or eff.zero3_gathers_per_block <= 0:
+        return None
+    blocks = max(1, round(cfg.stage_layers(model.num_layers) * eff.zero3_gathers_per_block))
+    return blocks + 1, blocks
+
+
 def zero3_trace(model: ModelSpec, cfg: DSConfig) -> Zero3Trace:
     """The ZeRO-3 trace of `model` under `cfg`'s persistence threshold and reuse distance."""
     z = cfg.zero
@@ -292,10 +302,7 @@ def runtime_overhead_s(model: ModelSpec, cfg: DSConfig, num_dp: int, eff: Effici
         # backward's host side (backward_hook_host_s)
         fetches = (t.num_fetched_tensors_forward * (eff.zero3_param_fetch_s + gather)
                    + t.num_fetched_tensors_backward * gather)
-        calls = t.num_gather_calls_forward + t.num_gather_calls_backward
-        if eff.zero3_gathers_per_block > 0:  # whole flat parameters a block (Efficiency.zero3_gathers_per_block)
-            calls = 2 * max(1, round(cfg.stage_layers(model.num_layers) * eff.zero3_gathers_per_block)) + 1
-        gathers = calls * launch
+        gathers = sum(fsdp_units(model, cfg, eff) or (t.num_gather_calls_forward, t.num_gather_calls_backward)) * launch
         return share * (hooks + fetches) + gathers + reduce_s, per_step
     if z.stage == 2:
         return reduce_s, per_step + launch  # + the all-gather of the updated partitions

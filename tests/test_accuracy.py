@@ -96,7 +96,7 @@ def test_extension_only_rows_are_skipped_for_that_reason(scores) -> None:
 # 11.9 -> 9.9, vTrain single 11.2 -> 9.8 (bounds tightened); Korthikanti 23.8 -> 26.5 and vTrain multi
 # 13.6 -> 15.0 (their pipelines now pay the activation transfers between nodes that the model did not charge;
 # both were already predicted slow), bounds kept. A data-parallel ring across nodes then ran over one NIC per
-# rank a node, and FSDP gathered a flat parameter a block (links.data_parallel_link, step_time.fsdp_units): llm-foundry
+# rank a node, and FSDP gathered a flat parameter a block (links.data_parallel_link, zero_mechanics.fsdp_units): llm-foundry
 # 16.5 -> 11.2 (bound tightened), BLOOM 10.0 -> 9.8, vTrain multi 15.0 -> 14.6; flash attention at
 # FlashAttention-2's rate on Hopper (hardware flash_attention_tflops): llm-foundry 11.2 -> 8.9.
 SPEED_BOUNDS = [("bloom_tr11", 9.8, 12.0), ("korthikanti2022_table5", 26.5, 27.0),
