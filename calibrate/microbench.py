@@ -173,7 +173,7 @@ def collective_sweep(quick: bool = False) -> list[dict[str, Any]]:
             elems = max(num_ranks, num_bytes // 4 // num_ranks * num_ranks)
             seconds = _time_collective_s(fn)
             out.append({"op": op, "bytes": 4 * elems, "num_ranks": num_ranks, "seconds": seconds, "link": link,
-                        "ranks_per_node": int(os.environ.get("LOCAL_SIZE", num_ranks)),
+                        "num_ranks_per_node": int(os.environ.get("LOCAL_SIZE", num_ranks)),
                         "bus_bandwidth_bytes_per_s": bus_bandwidth_bytes_per_s(op, 4 * elems, seconds, num_ranks)})
     return out
 

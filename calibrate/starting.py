@@ -88,7 +88,7 @@ def _link(collectives: list[dict[str, Any]], link: str, catalog_bandwidth: float
     # across nodes a ring with r ranks a node runs over r NICs at once (links.data_parallel_link): the
     # catalog's figure is one NIC's, so each record is set against r of them
     per_link = lambda r: float(r["bus_bandwidth_bytes_per_s"]) / (  # noqa: E731
-        max(1, int(r.get("ranks_per_node", 1))) if link == "inter_node" else 1)
+        max(1, int(r.get("num_ranks_per_node", 1))) if link == "inter_node" else 1)
     out = {f"{link}_bandwidth_efficiency": _clip(f"{link}_bandwidth_efficiency",
                                                  float(np.median([per_link(r) for r in large])) / catalog_bandwidth)}
     largest = sorted({float(r["bytes"]) for r in large})[-NUM_LARGEST_SIZES:]

@@ -491,6 +491,6 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
                                    if "dropout_rng_ns_per_element" in doc else 0.0),
         subnormal_gemm_slowdown=(_number(path, doc, "subnormal_gemm_slowdown")
                                  if "subnormal_gemm_slowdown" in doc else 0.0),
-        flash_attention_flops=(_number(path, doc, "flash_attention_tflops") * TERA
+        flash_attention_flops_per_s=(_number(path, doc, "flash_attention_tflops") * TERA
                                if "flash_attention_tflops" in doc else 0.0),
     )

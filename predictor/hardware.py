@@ -54,7 +54,7 @@ class HardwareSpec:
     accelerator with gloo): every collective's time then adds to the step, whatever overlap_comm and
     prefetching say."""
 
-    flash_attention_flops: float = 0.0
+    flash_attention_flops_per_s: float = 0.0
     """FLOP/s a fused (flash) attention kernel reaches in 16-bit at long sequences, where it is below the GEMMs'
     matmul_flops: FlashAttention-2 reaches 335 TFLOPs/s on an H100 against 794.5 for a GEMM, because it uses none
     of Hopper's TMA or warpgroup tensor-core instructions (Dao 2023, arXiv:2307.08691, sec. 4.1). 0: the GEMM

@@ -80,8 +80,9 @@ class DeviceRates:
     cache_gain: tuple[tuple[float, float], ...] = ()
     """Efficiency.memory_cache_gain: (bytes a kernel moves, its bandwidth over memory_bytes_per_s), smallest first."""
     flash_flops_per_s: float = 0.0
-    """A fused attention kernel's rate (HardwareSpec.flash_attention_flops times the precision's compute scale, not
-    the GEMMs' efficiency scale: the catalog figure is the kernel's own measured rate); 0 means matmul_flops_per_s."""
+    """A fused attention kernel's rate (HardwareSpec.flash_attention_flops_per_s times the precision's compute
+    scale, not the GEMMs' efficiency scale: the catalog figure is the kernel's own measured rate); 0 means
+    matmul_flops_per_s."""
     packs_weights: bool = False
     """Whether a linear layer's forward GEMM first copies its weight into the BLAS's blocked layout, a pass nothing
     overlaps: on a CPU (HardwareSpec.kind 'cpu'), see _linear."""
@@ -90,7 +91,7 @@ class DeviceRates:
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
     precision_scale = getattr(eff, f"{precision}_compute_scale")
     scale = precision_scale * eff.gemm_efficiency_scale
-    flash = hw.flash_attention_flops * precision_scale if precision != "fp32" else 0.0
+    flash = hw.flash_attention_flops_per_s * precision_scale if precision != "fp32" else 0.0
     launch = hw.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
     return DeviceRates(hw.matmul_flops[precision] * scale,
                        hw.achievable_memory_bandwidth_bytes_per_s * hw.eager_bandwidth_share

@@ -320,8 +320,9 @@ def test_an_inter_node_ring_is_set_against_one_nic_per_rank_a_node() -> None:
     # the catalog holds, and the predictor's ring gets those 160 back.
     hw = load_hardware("a100-80gb")
     bus = 8 * 0.8 * hw.inter_node_bandwidth_bytes_per_s
-    collectives = [{"op": "all_reduce", "bytes": size, "num_ranks": 16, "ranks_per_node": 8, "link": "inter_node",
-                    "bus_bandwidth_bytes_per_s": bus, "seconds": size * 2 * 15 / 16 / bus + 2 * 15 * 15e-6}
+    collectives = [{"op": "all_reduce", "bytes": size, "num_ranks": 16, "num_ranks_per_node": 8,
+                    "link": "inter_node", "bus_bandwidth_bytes_per_s": bus,
+                    "seconds": size * 2 * 15 / 16 / bus + 2 * 15 * 15e-6}
                    for size in (1024, 2**20, 2**26, 2**28)]
     eff = fit_microbenchmarks({"collectives": collectives}, hw, Efficiency())
     assert eff.inter_node_bandwidth_efficiency == pytest.approx(0.8, rel=1e-6)
