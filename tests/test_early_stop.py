@@ -18,7 +18,7 @@ from zerotune.validate.results import ExperimentResult, Prediction
 from zerotune.predictor.rank import rank
 from zerotune.predictor.space import space_from_ds_config
 from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings
-from zerotune.validate.runs import EARLY_STOP_MARGIN, stop_rule_for
+from zerotune.validate.runs import EARLY_STOP_MARGIN, stop_rule_for, stopped_step_s
 from zerotune.validate.calibration import load_profile_for
 from zerotune.validate.tune import tune
 from tests.conftest import make_job
@@ -60,6 +60,36 @@ def test_the_rule_skips_warm_up_waits_for_two_steps_and_stops_only_what_cannot_w
     assert latency((1, 1, 0.04, 0.045)) is None and latency((1, 1, 0.08, 0.09)) is not None
 
 
+# Steps 0-5 of the encoder fixture (tests/fixtures/scripts/encoder_mlm.py) on 2 CPU ranks, 2026-11-28, z0 at micro-batch
+# 9: the script speeds up as it trains (1.71 s at step 0, 0.94 by step 23), alike in every configuration.
+SPEEDING_UP = (1.647, 1.478, 1.343, 1.248, 1.152, 1.121)
+
+
+def _speeding_best() -> ExperimentResult:
+    cfg = parse_ds_config({}, world_size=WORLD)
+    window_s = 1.152  # the median of its window, steps 2-6 (window_step_s)
+    return ExperimentResult("best", cfg, Prediction(1.0, 10 / window_s, 1, 1, 1.0), "ok", metric_value=10 / window_s,
+                            step_s=window_s, step_times_s=SPEEDING_UP)
+
+
+def test_a_run_is_compared_with_the_best_at_the_same_step() -> None:
+    at = AutotuningConfig(start_profile_step=2, end_profile_step=6)
+    rule = stop_rule_for(_speeding_best(), "throughput", samples=10, flops=1.0, at=at)
+    # as fast as the best step for step: its steps 2-3 are slower than the best's window (1.152 s) by 17% and 8%,
+    # which stopped it before steps were paired; at the same steps it is the best's equal
+    same = SPEEDING_UP[:4]
+    assert rule(same) is None
+    # 10% slower at every step: stopped, however much faster than the best's first steps it is
+    slower = tuple(1.10 * s for s in SPEEDING_UP[:4])
+    assert rule(slower) is not None and "same index" in rule(slower)
+    # what the stopped run would have measured over the window: the best's window x its median ratio
+    run = RunResult("stopped", "", None, 1.0, Path("."), None, slower)
+    assert stopped_step_s(run, _speeding_best(), at) == pytest.approx(1.10 * 1.152)
+    # without the best's steps (a result read back from before they were kept): the median of its timed steps,
+    # never its warm-up
+    assert stopped_step_s(run, None, at) == pytest.approx(1.10 * (1.343 + 1.248) / 2)
+
+
 def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
     calls: list[str] = []
 
@@ -96,6 +126,8 @@ def test_tune_stops_a_losing_experiment_and_records_why(tmp_path: Path) -> None:
     assert second.step_s == pytest.approx(10 * first_step)
     recorded = json.loads((tmp_path / "r" / second.name / "exp.json").read_text())["result"]
     assert recorded["status"] == "stopped" and "cannot beat" in recorded["reason"]
+    assert recorded["step_times_s"] and recorded["step_times_s"] == pytest.approx([10 * first_step] * len(
+        recorded["step_times_s"]))  # kept, so that a resumed tune compares later runs with them step for step
     stored = {m.source.rsplit("/", 1)[-1]: m for m in read_jsonl(tmp_path / "r" / "measurements.jsonl")}
     assert stored[second.name].status == "stopped" and stored[second.name].step_s == pytest.approx(10 * first_step)
     assert "stopped early" in (tmp_path / "r" / "summary.txt").read_text()

@@ -88,6 +88,9 @@ class ExperimentResult:
     wall_s: float = 0.0
     resumed: bool = False
     """Read back from an earlier, interrupted tune instead of run again."""
+    step_times_s: tuple[float, ...] = ()
+    """Seconds of each optimizer step the engine printed, in order from the first (warm-up included): a later
+    experiment is compared with this one step for step (zerotune.validate.runs.paired_step_ratios)."""
 
 
 def measured_from_metrics(metrics: Mapping[str, Any], samples_per_step: int, flops_per_step_per_gpu: float,
@@ -117,7 +120,7 @@ def exp_document(name: str, exp_id: int, ds_config: Mapping[str, Any], num_gpus:
 def result_dict(result: ExperimentResult) -> dict[str, Any]:
     return {"status": result.status, "reason": result.reason, "metric_val": result.metric_value,
             "step_s": result.step_s, "throughput_samples_per_s": result.throughput_samples_per_s,
-            "wall_s": result.wall_s}
+            "wall_s": result.wall_s, "step_times_s": list(result.step_times_s)}
 
 
 def load_finished(layout: Layout, name: str, world_size: int, same_run: Mapping[str, Any]) -> ExperimentResult | None:
@@ -137,7 +140,15 @@ def load_finished(layout: Layout, name: str, world_size: int, same_run: Mapping[
     return ExperimentResult(name, parse_ds_config(ds_config, world_size=world_size),
                             Prediction(**doc["predicted"]), result["status"], result.get("reason", ""),
                             result.get("metric_val"), result.get("step_s"), result.get("throughput_samples_per_s"),
-                            float(result.get("wall_s") or 0.0), resumed=True)
+                            float(result.get("wall_s") or 0.0), resumed=True,
+                            step_times_s=_step_times(result.get("step_times_s")))
+
+
+def _step_times(value: Any) -> tuple[float, ...]:
+    """An exp.json's step times, or none where it has none (written before they were recorded) or they are garbled."""
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and v > 0 for v in value):
+        return ()
+    return tuple(float(v) for v in value)
 
 
 def best_result(results: Sequence[ExperimentResult], metric: Metric) -> ExperimentResult | None:

@@ -18,7 +18,7 @@ from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp
 from zerotune.validate.settings import Launcher, TuneSettings
 
 __all__ = ["launch_spec", "run_experiment", "experiment_result", "window_step_s", "stop_rule_for", "measurement_of",
-           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN"]
+           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios", "stopped_step_s"]
 
 
 EARLY_STOP_MIN_STEPS = 2
@@ -55,12 +55,29 @@ def _metric_of_step(metric: Metric, step_s: float, samples: int, flops: float) -
     return {"throughput": samples / step_s, "latency": step_s * 1e3, "flops": flops / step_s}[metric]
 
 
+def paired_step_ratios(steps: Sequence[float], best: ExperimentResult | None, at: AutotuningConfig) -> list[float]:
+    """Each timed step of a run (from start_profile_step) over the measured best's step of the same index: the two
+    runs compared at the same point of their training. On the CPU a script's steps speed up for many steps (the
+    encoder fixture, 2026-11-28: 1.71 s at step 0, 1.16 at step 5, 0.94 at step 23, micro-batch 9; its logits'
+    gradient loses its subnormal values as it trains, README "subnormal"), and the same shape recurs in every
+    configuration (step 5 / step 0: 0.68-0.72 at micro-batches 5-21), so a run's step i is comparable with the
+    best's step i, not with the best's window. Empty when the best has no step at those indices (a result read
+    back from before step times were kept, or a metrics.json that was already a median)."""
+    if best is None or best.step_s is None:
+        return []
+    return [step / best.step_times_s[i] for i, step in enumerate(steps)
+            if i >= at.start_profile_step and i < len(best.step_times_s) and best.step_times_s[i] > 0]
+
+
 def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: float,
                   at: AutotuningConfig) -> StopRule:
     """Stop an experiment once EARLY_STOP_MIN_STEPS steps of the engine's measuring window (start_profile_step to
-    end_profile_step; the steps before it are warm-up) are timed and even the fastest is more than EARLY_STOP_MARGIN
-    worse than the measured best: the mean the full run would report cannot beat it. A run whose whole window
-    is timed is finishing anyway and is left to write its metrics."""
+    end_profile_step; the steps before it are warm-up) are timed and even the most favourable is more than
+    EARLY_STOP_MARGIN worse than the measured best: the mean the full run would report cannot beat it. Each step is
+    compared with the best's step of the same index (paired_step_ratios: its window's step time x the ratio), so a
+    run still speeding up is not judged against a best that had sped up; without the best's steps, the fastest
+    step against the best's window. A run whose whole window is timed is finishing anyway and is left to write its
+    metrics."""
     assert best.metric_value is not None
     best_value = float(best.metric_value)
     window = at.end_profile_step - at.start_profile_step + 1
@@ -69,22 +86,38 @@ def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: f
         timed = steps[at.start_profile_step:]
         if not EARLY_STOP_MIN_STEPS <= len(timed) < window:
             return None
-        value = _metric_of_step(metric, min(timed), samples, flops)
+        ratios = paired_step_ratios(steps, best, at)
+        paired = len(ratios) == len(timed)
+        fastest_s = float(best.step_s) * min(ratios) if paired and best.step_s else min(timed)
+        value = _metric_of_step(metric, fastest_s, samples, flops)
         ratio = value / best_value if MAXIMISED[metric] else best_value / value
         if ratio >= 1.0 - EARLY_STOP_MARGIN:
             return None
-        return (f"stopped early after {len(timed)} of {window} timed steps: its fastest ({min(timed):.4g} s, "
-                f"{metric} {value:.4g}) is {100 * (1 - ratio):.0f}% worse than the measured best ({best.name}, "
-                f"{best_value:.4g}), so it cannot beat it")
+        how = (f"its most favourable step against {best.name}'s step of the same index (a step of "
+               f"{fastest_s:.4g} s in its window, {metric} {value:.4g})" if paired
+               else f"its fastest ({min(timed):.4g} s, {metric} {value:.4g})")
+        return (f"stopped early after {len(timed)} of {window} timed steps: {how} is {100 * (1 - ratio):.0f}% worse "
+                f"than the measured best ({best.name}, {best_value:.4g}), so it cannot beat it")
     return rule
 
 
+def stopped_step_s(run: RunResult, best: ExperimentResult | None, at: AutotuningConfig) -> float | None:
+    """What a run stopped early would have measured over the window: the best's window step time x the median of
+    its steps' ratios to the best's (paired_step_ratios); without those, the median of its timed steps (of all
+    its steps when it was stopped before its window)."""
+    ratios = paired_step_ratios(run.step_times_s, best, at)
+    if ratios and best is not None and best.step_s is not None:
+        return float(best.step_s) * statistics.median(ratios)
+    timed = run.step_times_s[at.start_profile_step:] or run.step_times_s
+    return statistics.median(timed) if timed else None
+
+
 def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: RunResult, job: Job,
-                      at: AutotuningConfig) -> ExperimentResult:
+                      at: AutotuningConfig, best: ExperimentResult | None = None) -> ExperimentResult:
     metric = at.metric
     if run.status == "stopped":  # its partial step times still correct the predictions (zerotune.validate.search)
-        step_s = statistics.median(run.step_times_s) if run.step_times_s else None
-        return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=step_s, wall_s=run.wall_s)
+        return ExperimentResult(name, cfg, prediction, "stopped", run.reason, step_s=stopped_step_s(run, best, at),
+                                wall_s=run.wall_s, step_times_s=run.step_times_s)
     if run.status != "ok" or run.metrics is None:
         return ExperimentResult(name, cfg, prediction, run.status, run.reason, wall_s=run.wall_s)
     samples = cfg.samples_per_step(job.cluster.world_size)
@@ -94,7 +127,7 @@ def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: Run
     except ValueError as exc:
         return ExperimentResult(name, cfg, prediction, "failed", str(exc), wall_s=run.wall_s)
     return ExperimentResult(name, cfg, prediction, "ok", "", _metric_of_step(metric, step_s, samples, flops), step_s,
-                            samples / step_s, run.wall_s)
+                            samples / step_s, run.wall_s, step_times_s=run.step_times_s)
 
 
 def window_step_s(run: RunResult, samples: int, at: AutotuningConfig) -> float:
@@ -172,6 +205,6 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
                                   f"{at.end_profile_step}, where it writes its metrics: let the script run at least "
                                   f"{at.end_profile_step + 1} optimizer steps (more steps or data), or lower "
                                   f"end_profile_step")
-    result = experiment_result(name, cfg, prediction, run, job, at)
+    result = experiment_result(name, cfg, prediction, run, job, at, best)
     write_json_atomic(run_dir / "exp.json", {**exp, "result": result_dict(result)})
     return result
