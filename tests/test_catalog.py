@@ -118,6 +118,17 @@ def test_published_peaks() -> None:
     assert load_hardware("mi300x").matmul_flops["bf16"] == pytest.approx(668.4e12)
     assert load_hardware("gaudi3").peak_flops["bf16"] == pytest.approx(1677e12)
     assert load_hardware("gaudi3").matmul_flops["bf16"] == pytest.approx(1243e12)
+    assert load_hardware("gh200").peak_flops["bf16"] == pytest.approx(989e12)
+    assert load_hardware("gh200").matmul_flops["bf16"] == pytest.approx(828.6e12)
+
+
+def test_gh200_reaches_its_cpu_memory_over_nvlink_c2c() -> None:
+    # NVIDIA GH200 datasheet: NVLink-C2C at 900 GB/s bidirectional, about 7x PCIe 5.0 x16 (64 GB/s one way), so an
+    # offloaded optimizer's transfers cost a GH200 a seventh of what they cost an H100 in a DGX
+    gh200, h100 = load_hardware("gh200"), load_hardware("h100-80gb")
+    assert gh200.host_to_device_bandwidth_bytes_per_s == pytest.approx(450e9)
+    assert gh200.host_to_device_bandwidth_bytes_per_s > 7 * h100.host_to_device_bandwidth_bytes_per_s
+    assert gh200.num_devices_per_node == 4
 
 
 # -- models --------------------------------------------------------------------------------------------
