@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from zerotune.predictor import load_model
@@ -841,3 +842,82 @@ def test_the_logits_gradients_subnormal_share_is_the_median_of_the_backward_pass
     assert load_model(str(path)).logits_grad_subnormal_share == pytest.approx(0.024559, abs=1e-6)
     _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs)  # a GPU's run records none: nothing changes
     assert read_profiled(prefix, "enc", 2).model.logits_grad_subnormal_share == 0.0
+
+
+def test_a_profiling_run_out_of_memory_tries_again_at_the_highest_stage_and_the_search_starts_from_the_oom(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose ZeRO-0 states do not fit (a 7B model's 16 bytes a parameter of Adam on one 80 GB GPU) made the
+    profiling run, at the ds_config's first stage, fail the whole tune as if every experiment would. It now profiles
+    again at the highest listed stage, as DeepSpeed's autotuner profiles every model at stage 3
+    (autotuning/constants.py DEFAULT_MIN_MEM_CONFIG), and the first try counts as an OOM of its configuration."""
+    from zerotune.calibrate.launch import RunResult
+    from zerotune.validate.experiments import UserCommand
+    from zerotune.validate.profiling_run import profile_model
+    from zerotune.validate.settings import TuneSettings
+
+    monkeypatch.chdir(tmp_path)
+    stages: list[int] = []
+
+    def launcher(spec):  # type: ignore[no-untyped-def]
+        stage = spec.ds_config["zero_optimization"]["stage"]
+        stages.append(stage)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        if stage == 0:
+            (spec.run_dir / "stderr.log").write_text("torch.OutOfMemoryError: CUDA out of memory.")
+            return RunResult("oom", "out of memory", 1, 5.0, spec.run_dir, None)
+        _write_profile(spec.run_dir / "profiled", _script("encoder_mlm").MaskedLM(),
+                       [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}])
+        return RunResult("ok", "", 0, 20.0, spec.run_dir, None)
+
+    doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [0, 1, 3]},
+           "autotuning": {"results_dir": "results", "exps_dir": "exps"}}
+    script = SCRIPTS / "encoder_mlm.py"
+    settings = TuneSettings(UserCommand(script, ("--deepspeed",), "--deepspeed_config", tmp_path / "ds.json"), doc,
+                            "", "cpu", 2)
+    lines: list[str] = []
+    outcome = profile_model(settings, launcher, log=lines.append)
+    assert stages == [0, 3]
+    assert outcome.measurement is not None and outcome.measurement.config.zero.stage == 3
+    oom = outcome.out_of_memory
+    assert oom is not None and oom.status == "oom" and oom.config.zero.stage == 0
+    assert oom.config.train_micro_batch_size_per_gpu == 1 and oom.source.endswith("profile_oom_z0")
+    assert (tmp_path / "results" / "profile_oom_z0" / "stderr.log").is_file()  # the first try's logs are kept
+    assert any("out of memory at ZeRO stage 0" in line and "stage 3" in line for line in lines)
+
+    # the search starts from it: no ZeRO-0 configuration may fit, whatever the model predicts
+    from zerotune.validate.plan import build_job
+    from zerotune.predictor.space import space_from_ds_config
+    from zerotune.validate.calibration import load_profile_for
+    from zerotune.validate.search import _monotone, candidate_table, fit_probability, memory_bounds, observation_of
+    eff, uncertainty = load_profile_for("cpu")
+    job = build_job(outcome.model_path, "cpu", 1, 2, outcome.seq_len)
+    table = candidate_table(job, space_from_ds_config(doc, world_size=2, explore=()), eff, "throughput")
+    obs = [observation_of(job, eff, m) for m in (oom, outcome.measurement)]
+    cands = table.candidates
+    p_fit = _monotone(cands, obs, fit_probability(cands.memory_ratio, memory_bounds(obs, uncertainty)))
+    stage = np.array([cands.families[k][0] for k in cands.family])
+    assert (p_fit[stage == 0] == 0).all() and (p_fit[stage == 3] > 0).any()
+
+
+def test_a_profiling_run_out_of_memory_at_the_highest_stage_already_says_so_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerotune.calibrate.launch import RunResult
+    from zerotune.validate.experiments import UserCommand
+    from zerotune.validate.profiling_run import profile_model
+    from zerotune.validate.settings import TuneSettings
+
+    monkeypatch.chdir(tmp_path)
+    stages: list[int] = []
+
+    def launcher(spec):  # type: ignore[no-untyped-def]
+        stages.append(spec.ds_config["zero_optimization"]["stage"])
+        return RunResult("oom", "out of memory", 1, 5.0, spec.run_dir, None)
+
+    doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [1, 2]},
+           "autotuning": {"results_dir": "results", "exps_dir": "exps"}}
+    settings = TuneSettings(UserCommand(SCRIPTS / "encoder_mlm.py", (), "--deepspeed_config", tmp_path / "ds.json"),
+                            doc, "", "cpu", 2)
+    with pytest.raises(ValueError, match=r"failed .*\(oom: out of memory; see .*\) \(and at ZeRO stage 1 before it, "
+                                         r"out of memory too\)") as exc:
+        profile_model(settings, launcher, log=lambda _: None)
+    assert stages == [1, 2] and "\n" not in str(exc.value)

@@ -5,6 +5,7 @@ its own checkpointing, the precision its engine held)."""
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +24,8 @@ from zerotune.validate.results import write_text_atomic
 from zerotune.validate.runs import launch_spec, window_step_s
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of
 
-__all__ = ["ProfileOutcome", "profile_model", "as_the_script_runs", "with_script_optimizer", "moe_space"]
+__all__ = ["ProfileOutcome", "profile_model", "least_memory_variant", "as_the_script_runs", "with_script_optimizer",
+           "moe_space"]
 
 
 def as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
@@ -79,6 +81,9 @@ class ProfileOutcome:
     """The engine's bwd_allreduce timer, the same way (TuneSettings.profiled_allreduce_s)."""
     device_copy_curve: tuple[tuple[float, float], ...] = ()
     """The copies from cache-sized to large the run timed (TuneSettings.device_copy_curve)."""
+    out_of_memory: Measurement | None = None
+    """The first try's configuration, out of memory, when the profiling run had to try again at a higher ZeRO stage
+    (profile_model): an OOM the search starts from, as if an experiment had run it."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -144,10 +149,38 @@ def _refuse_unaccepted_mapping(reason: str, arg_mappings: Mapping[str, str] | No
                              f"arguments: {' '.join(refused)}; see {run_dir}): map it to the flag the script takes")
 
 
-def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> ProfileOutcome:
+def least_memory_variant(space: SearchSpace, cfg: DSConfig) -> DSConfig | None:
+    """The profiling run's second try after its first ran out of memory: the space's configuration of the highest
+    ZeRO stage at the same micro-batch and accumulation, as DeepSpeed's autotuner profiles every model (autotuning/
+    constants.py DEFAULT_MIN_MEM_CONFIG: stage 3 at micro-batch 1, autotuner.py model_info_profile_run); None when
+    the space holds no stage above `cfg`'s (nothing that needs less memory to try)."""
+    higher = [v for v in space.variants if v.zero.stage > cfg.zero.stage]
+    if not higher:
+        return None
+    top = max(v.zero.stage for v in higher)
+    first = next(v for v in higher if v.zero.stage == top)
+    return first.replace(train_micro_batch_size_per_gpu=cfg.train_micro_batch_size_per_gpu,
+                         gradient_accumulation_steps=cfg.gradient_accumulation_steps)
+
+
+def _launch_profiling(settings: TuneSettings, launcher: Launcher, cfg: DSConfig, run_dir: Path) -> RunResult:
+    world = settings.num_nodes * settings.num_gpus
+    at = autotuning_of(settings.doc, world)
+    prefix = (run_dir / "profiled").resolve()
+    for old in run_dir.glob("profiled.*.json"):
+        old.unlink()
+    doc = experiment_ds_config(cfg, world, at)
+    spec = launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc))
+    return launcher(replace(spec, env=profiling_env(spec.env, prefix)))
+
+
+def profile_model(settings: TuneSettings, launcher: Launcher = launch,
+                  log: Callable[[str], None] = print) -> ProfileOutcome:
     """One run of the script at the space's smallest micro-batch and accumulation, measured by DeepSpeed's engine
     like an experiment, with calibrate/profiling_site reading the model inside the user's process
-    (zerotune.validate.profiled).
+    (zerotune.validate.profiled). When that run is out of memory (a model whose ZeRO-0 or -1 states exceed the
+    device), it runs once more at the space's highest stage (least_memory_variant), and the first run's
+    configuration is recorded as out of memory (ProfileOutcome.out_of_memory) for the search.
     Writes model_profiled.yaml in the results folder; ValueError (one line) when the model cannot be read."""
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
@@ -158,11 +191,21 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
                                     gradient_accumulation_steps=min(space.grad_accums, default=1))
     run_dir = Path(at.results_dir) / "profile"
     prefix = (run_dir / "profiled").resolve()
-    for old in run_dir.glob("profiled.*.json"):
-        old.unlink()
-    doc = experiment_ds_config(cfg, world, at)
-    spec = launch_spec(settings, doc, run_dir, rewrite_args(settings.command.args, at.arg_mappings, doc))
-    run = launcher(replace(spec, env=profiling_env(spec.env, prefix)))
+    run = _launch_profiling(settings, launcher, cfg, run_dir)
+    out_of_memory: DSConfig | None = None
+    first_dir = run_dir
+    fallback = least_memory_variant(space, cfg) if run.status == "oom" else None
+    if fallback is not None:
+        out_of_memory, first_dir = cfg, run_dir.with_name(f"profile_oom_z{cfg.zero.stage}")
+        if first_dir.exists():
+            shutil.rmtree(first_dir)
+        if run_dir.exists():
+            run_dir.rename(first_dir)
+        log(f"zerotune tune: the profiling run ran out of memory at ZeRO stage {cfg.zero.stage}, micro-batch "
+            f"{cfg.train_micro_batch_size_per_gpu} (see {first_dir}); profiling again at stage "
+            f"{fallback.zero.stage}, as DeepSpeed's autotuner profiles every model")
+        cfg = fallback
+        run = _launch_profiling(settings, launcher, cfg, run_dir)
     name = f"profiled-{settings.command.script.stem}"
     _refuse_pipeline(settings, prefix, run_dir)
     try:
@@ -172,9 +215,11 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         if run.status != "ok":  # --model would not help: the experiments would run the script the same way
             _refuse_unaccepted_mapping(run.reason, at.arg_mappings, settings, run_dir)
             started = Path(f"{prefix}.model.json").is_file()
+            tried = (f" (and at ZeRO stage {out_of_memory.zero.stage} before it, out of memory too)"
+                     if out_of_memory is not None else "")
             raise ValueError(f"the profiling run of {settings.command.script} failed "
                              f"{'after its DeepSpeed engine started' if started else 'before zerotune read its model'}"
-                             f" ({why}; see {run_dir}):"
+                             f" ({why}; see {run_dir}){tried}:"
                              f" the experiments would fail the same way; make the script train under deepspeed with "
                              f"this ds_config first"
                              + (f" (its model could not be read either, {exc}: then give --model and --seq_len)"
@@ -197,9 +242,18 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch) -> Profil
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
     step_phase, update, reduced = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
+    oom = None
+    if out_of_memory is not None:
+        oom_cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, out_of_memory),
+                                     replace(settings, script_checkpointing=profiled.activation_checkpointing,
+                                             script_precision=precision))
+        oom = Measurement(model=str(path), hardware=settings.hardware, num_nodes=settings.num_nodes,
+                          num_gpus_per_node=settings.num_gpus, seq_len=profiled.measured_seq_len or seq_len,
+                          config=oom_cfg, status="oom", source=str(first_dir),
+                          reason="zerotune tune's profiling run, out of memory")
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
-                          step_phase, update, reduced, profiled.copy_curve)
+                          step_phase, update, reduced, profiled.copy_curve, oom)
 
 
 def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None]:

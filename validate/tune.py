@@ -291,7 +291,7 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
                                script_precision=profiled.precision, script_moe=profiled.native_moe,
                                profiled_step_phase_s=profiled.step_phase_s, profiled_update_s=profiled.update_s,
                                profiled_allreduce_s=profiled.allreduce_s)
-            initial = (profiled.measurement,) if profiled.measurement else ()
+            initial = tuple(m for m in (profiled.out_of_memory, profiled.measurement) if m is not None)
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt:
         print("zerotune tune: interrupted; every rank was stopped. Rerun the same command to resume.", file=sys.stderr)
