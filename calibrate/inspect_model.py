@@ -212,17 +212,18 @@ def _outside_norms(model: nn.Module, blocks: nn.Module) -> tuple[bool, bool]:
     return emb, final
 
 
-def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding | None) -> dict[str, Any]:
-    """head ('lm' | 'pooler' | 'none'), tied, and for an LM head its bias and an h x h transform before it (BERT's
-    masked-LM head: dense + norm, transformers BertPredictionHeadTransform). Without a token embedding there is no
+def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding | None, hidden: int) -> dict[str, Any]:
+    """head ('lm' | 'pooler' | 'none'), tied, and for an LM head its bias and a transform before it (BERT's
+    masked-LM head: dense h -> h + norm, transformers BertPredictionHeadTransform; with a factorized embedding
+    h -> the embedding's width, ElectraGeneratorPredictions, AlbertMLMHead). Without a token embedding there is no
     vocabulary to project onto: a classifier's head (h -> classes) is one row per sample, left out."""
     if tokens is None:
         return {"head": "none", "tied_embeddings": False}
     inside = {id(m) for _, stack in _block_lists(model) for m in stack.modules()}  # `blocks` is one of them
-    h, vocab = tokens.embedding_dim, tokens.num_embeddings
+    e, vocab = tokens.embedding_dim, tokens.num_embeddings
     outside = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in inside]
-    lm = [m for _, m in outside if _shape(m.weight) == (vocab, h)]
-    square = [n for n, m in outside if _shape(m.weight) == (h, h)]
+    lm = [m for _, m in outside if _shape(m.weight) == (vocab, e)]
+    square = [n for n, m in outside if _shape(m.weight) == (e, hidden)]
     if lm:
         transform = any("pool" not in n.lower() for n in square)
         return {"head": "lm", "tied_embeddings": lm[0].weight is tokens.weight, "head_bias": lm[0].bias is not None,
@@ -306,9 +307,17 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     name, blocks = found
     tokens, others = _embeddings(model, blocks)
     notes["read"].append(f"{len(blocks)} x {type(blocks[0]).__name__} at {name or 'the model'}")
+    factorized = 0
     if tokens is not None:
         h = tokens.embedding_dim
         notes["read"].append(f"token embedding {tokens.num_embeddings} x {h}")
+        try:
+            width = _block_width(blocks[0])
+        except LookupError:
+            width = h
+        if width != h:  # ELECTRA's and ALBERT's factorized embedding: narrow tables, a projection up to the blocks
+            factorized, h = h, width
+            notes["read"].append(f"factorized embedding: tables {factorized} wide, the blocks {h}")
     else:
         h = _block_width(blocks[0])
         notes["read"].append(f"no token embedding: the inputs enter as vectors of width {h} (the block's width); "
@@ -319,12 +328,14 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes)
     kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // (h // heads))
     mlp.pop("kv_dim", None)
-    head = _head(model, blocks, tokens)
+    head = _head(model, blocks, tokens, h)
     emb_norm, final_norm = _outside_norms(model, blocks)
     doc: dict[str, Any] = {"num_layers": len(blocks), "hidden_size": h, "num_heads": heads, "num_kv_heads": kv_heads,
                            "vocab_size": tokens.num_embeddings if tokens is not None else 0, **mlp,
                            "norm": _norm_kind(blocks[0]), **head, "embedding_norm": emb_norm, "final_norm": final_norm,
                            "dropout": any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks[0].modules())}
+    if factorized:
+        doc["embedding_size"] = factorized
     if "positions" in others:
         doc.update(position_embedding="learned", max_position_embeddings=others["positions"].num_embeddings)
         notes["read"].append(f"learned positions {others['positions'].num_embeddings}")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +344,8 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return {**_hf_traits(cfg), "norm": "rmsnorm", "qkv_bias": False, "out_bias": False, "mlp_bias": False,
                 "gated_mlp": str(cfg.get("feed_forward_proj", "relu")).startswith("gated"),
                 "tied_embeddings": bool(cfg.get("tie_word_embeddings", True))}
-    if model_type not in (*_LLAMA_LINEAGE, "gpt_neo", "bert", "roberta", "distilbert", "deberta-v2"):
+    if model_type not in (*_LLAMA_LINEAGE, "gpt_neo", "bert", "roberta", "distilbert", "deberta-v2", "electra",
+                          "albert"):
         return _hf_traits(cfg)
     if model_type in _LLAMA_LINEAGE:
         return dict(position_embedding="rotary", gated_mlp=True, norm="rmsnorm",
@@ -356,6 +358,19 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if model_type in ("bert", "roberta"):
         return {**_hf_traits(cfg), **dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
                                           final_norm=False, head="pooler")}
+    if model_type in ("electra", "albert"):
+        # BERT's embeddings (token types, a norm) at their own width, projected up to the blocks' (embedding_size);
+        # ElectraModel has no pooler, AlbertModel a pooler. ALBERT's blocks share their weights (num_hidden_groups),
+        # which is not modelled: every layer is counted as its own.
+        width = int(cfg.get("embedding_size") or cfg.get("hidden_size") or 0)
+        groups, layers = cfg.get("num_hidden_groups", 1), cfg.get("num_hidden_layers", 1)
+        if model_type == "albert" and isinstance(groups, int) and isinstance(layers, int) and groups < layers:
+            warnings.warn(f"ALBERT shares its blocks' weights ({layers} layers, num_hidden_groups {groups}), which "
+                          f"zerotune does not model: every layer is counted with weights of its own, so parameters, "
+                          f"optimizer states and gradient traffic read up to {layers // max(groups, 1)}x too large")
+        return {**_hf_traits(cfg), **dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
+                                          final_norm=False, head="pooler" if model_type == "albert" else "none",
+                                          embedding_size=width if width != cfg.get("hidden_size") else 0)}
     if model_type == "distilbert":
         return {**_hf_traits(cfg), **dict(embedding_norm=True, final_norm=False, head="none")}
     if model_type == "deberta-v2":

@@ -30,11 +30,14 @@ def layer_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> flo
 
 
 def logits_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """The vocabulary projection, and the masked-LM head's h x h transform before it when there is one."""
+    """The GEMMs outside the blocks: the vocabulary projection (from the embedding's width), the masked-LM head's
+    transform before it when there is one (h x embedding width), and a factorized embedding's projection up to the
+    hidden width (ModelSpec.embedding_size)."""
+    tokens, h, e = micro_batch * seq_len, model.hidden_size, model.embedding_width
+    project = 2 * tokens * e * h if model.factorized_embedding else 0
     if model.head != "lm":
-        return 0.0
-    width = model.vocab_size + (model.hidden_size if model.head_transform else 0)
-    return float(2 * micro_batch * seq_len * model.hidden_size * width)
+        return float(project)
+    return float(2 * tokens * e * model.vocab_size + (2 * tokens * h * e if model.head_transform else 0) + project)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,13 @@ class ModelSpec:
     MPT: llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM loss_fn='fused_crossentropy')."""
     type_vocab_size: int = 0
     """BERT token-type (segment) embeddings."""
+    embedding_size: int = 0
+    """Width of a factorized embedding (ELECTRA's and ALBERT's embedding_size, Lan et al. 2020 sec. 3.1): the token,
+    position and type tables and the embeddings' norm are this wide, a linear (with bias) projects them up to the
+    hidden width before the first block (transformers models/electra/modeling_electra.py ElectraModel.
+    embeddings_project; albert AlbertTransformer.embedding_hidden_mapping_in), and a masked-LM head's transform
+    projects back down to it before the vocabulary projection (ElectraGeneratorPredictions, AlbertMLMHead).
+    0: the hidden width, no projection."""
     embedding_norm: bool = False
     """A norm right after the embeddings (BERT family)."""
     final_norm: bool = True
@@ -188,6 +195,9 @@ class ModelSpec:
         if not 0 <= self.cross_attention_layers <= self.num_layers:
             raise ValueError(f"model {self.name!r}: cross_attention_layers must be 0 to num_layers "
                              f"({self.num_layers}), got {self.cross_attention_layers}")
+        if self.embedding_size < 0:
+            raise ValueError(f"model {self.name!r}: embedding_size must be 0 (the hidden width) or positive, got "
+                             f"{self.embedding_size}")
         if self.attention_head_dim < 0:
             raise ValueError(f"model {self.name!r}: attention_head_dim must be 0 (hidden_size / num_heads) or "
                              f"positive, got {self.attention_head_dim}")
@@ -225,8 +235,18 @@ class ModelSpec:
 
     # -- parameter tensors ---------------------------------------------------------------------------
 
-    def _norm(self, name: str, layer: int) -> list[Tensor]:
-        h = self.hidden_size
+    @property
+    def embedding_width(self) -> int:
+        """Width of the embedding tables and of the vocabulary projection's input (embedding_size)."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def factorized_embedding(self) -> bool:
+        """Whether a projection joins embeddings narrower (or wider) than the blocks to them."""
+        return self.embedding_width != self.hidden_size
+
+    def _norm(self, name: str, layer: int, width: int = 0) -> list[Tensor]:
+        h = width or self.hidden_size
         tensors = [Tensor(f"{name}.weight", h, layer)]
         if self.norm == "layernorm":
             tensors.append(Tensor(f"{name}.bias", h, layer))
@@ -277,14 +297,16 @@ class ModelSpec:
         return self.ffn_hidden_size * self.experts_per_token + self.shared_expert_ffn_size
 
     def embedding_tensors(self) -> list[Tensor]:
-        h = self.hidden_size
-        t = [Tensor("embed.tokens", self.vocab_size * h, -1)] if self.vocab_size else []
+        h, e = self.hidden_size, self.embedding_width
+        t = [Tensor("embed.tokens", self.vocab_size * e, -1)] if self.vocab_size else []
         if self.position_embedding == "learned":
-            t.append(Tensor("embed.positions", self.max_position_embeddings * h, -1))
+            t.append(Tensor("embed.positions", self.max_position_embeddings * e, -1))
         if self.type_vocab_size:
-            t.append(Tensor("embed.token_types", self.type_vocab_size * h, -1))
+            t.append(Tensor("embed.token_types", self.type_vocab_size * e, -1))
         if self.embedding_norm:
-            t += self._norm("embed.norm", -1)
+            t += self._norm("embed.norm", -1, e)
+        if self.factorized_embedding:
+            t += self._linear("embed.project", e, h, True, -1)
         if self.relative_position_buckets:
             t.append(Tensor("encoder.rel_embeddings", 2 * self.relative_position_buckets * h, -1))
             t += self._norm("encoder.rel_norm", -1)
@@ -297,10 +319,11 @@ class ModelSpec:
     def head_tensors(self) -> list[Tensor]:
         h = self.hidden_size
         t = self._norm("final_norm", -1) if self.final_norm else []
+        e = self.embedding_width
         if self.head == "lm" and self.head_transform:
-            t += self._linear("lm_head.transform", h, h, True, -1) + self._norm("lm_head.transform_norm", -1)
+            t += self._linear("lm_head.transform", h, e, True, -1) + self._norm("lm_head.transform_norm", -1, e)
         if self.head == "lm" and not self.tied_embeddings:
-            t.append(Tensor("lm_head.weight", self.vocab_size * h, -1))
+            t.append(Tensor("lm_head.weight", self.vocab_size * e, -1))
         if self.head == "lm" and self.head_bias:
             t.append(Tensor("lm_head.bias", self.vocab_size, -1))
         elif self.head == "pooler":

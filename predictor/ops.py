@@ -421,18 +421,34 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     norms = int(model.embedding_norm and embedding) + int(model.final_norm)
     fwd, bwd = 0 * hidden, 0 * hidden  # two arrays: += below must not alias them
     trained = model.outer_weight_grad_share  # frozen embeddings / head: no scatter-add, no weight-gradient GEMM
+    narrow = tokens * model.embedding_width  # the embeddings' width (ModelSpec.embedding_size)
     if embedding:  # gathers, the adds that sum them, their backward scatter-adds
-        fwd = _elementwise(hidden, 1, gathers, 0, rates) + _elementwise(hidden, 2 * (gathers - 1), gathers - 1, 0, rates)
-        bwd = trained * _elementwise(hidden, gathers, gathers, 0, rates)
+        fwd = _elementwise(narrow, 1, gathers, 0, rates) + _elementwise(narrow, 2 * (gathers - 1), gathers - 1, 0, rates)
+        bwd = trained * _elementwise(narrow, gathers, gathers, 0, rates)
     norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
-    fwd += norms * norm_f
-    bwd += norms * norm_b
+    fwd += int(model.final_norm) * norm_f
+    bwd += int(model.final_norm) * norm_b
     kernels_f = (2 * gathers - 1) * int(embedding) + norms * nk_f
     kernels_b = gathers * int(embedding) + norms * nk_b
     flops = 0 * hidden
+    if model.embedding_norm and embedding:
+        e_f, e_b, _, _ = _norm(narrow, model, rates)
+        fwd, bwd = fwd + e_f, bwd + e_b
+    if model.factorized_embedding and embedding:  # the projection up to the blocks' width
+        p_f, p_b, p_flops = _linear(tokens, model.embedding_width, model.hidden_size, rates, trained)
+        fwd, bwd, flops = fwd + p_f, bwd + p_b, flops + p_flops
+        kernels_f, kernels_b = kernels_f + 1, kernels_b + 2
+    if model.head == "lm" and model.head_transform:  # dense, GELU and norm before the vocabulary projection
+        t_f, t_b, t_flops = _linear(tokens, model.hidden_size, model.embedding_width, rates, trained)
+        n_f, n_b, n_kf, n_kb = _norm(narrow, model, rates)
+        fwd = fwd + t_f + _elementwise(narrow, 1, 1, 0, rates) + n_f
+        bwd = bwd + t_b + _elementwise(narrow, 2, 1, 0, rates) + n_b
+        flops = flops + t_flops
+        kernels_f, kernels_b = kernels_f + 2 + n_kf, kernels_b + 3 + n_kb
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp
-        f_s, b_s, flops = _linear(tokens, model.hidden_size, model.vocab_size / tp, rates, trained)
+        f_s, b_s, l_flops = _linear(tokens, model.embedding_width, model.vocab_size / tp, rates, trained)
+        flops = flops + l_flops
         # both backward GEMMs take the logits' gradient as an operand (dX = dY W, dW = dY^T X); where some of its
         # values are subnormal, a CPU runs them through microcode assists (HardwareSpec.subnormal_gemm_slowdown)
         b_s = b_s * (1.0 + rates.subnormal_gemm_slowdown * model.logits_grad_subnormal_share)

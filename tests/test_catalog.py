@@ -473,3 +473,40 @@ def test_hf_config_names_where_eager_attention_leaves_16_bits(model_type: str, u
     cfg = {"model_type": model_type, "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
            "vocab_size": 1000, "intermediate_size": 1024, "max_position_embeddings": 512}
     assert model_from_hf_dict(cfg, model_type, "").attention_upcast == upcast
+
+
+def test_hf_config_of_electra_counts_its_factorized_embedding_and_its_forward_is_torchs_count(tmp_path: Path) -> None:
+    """ELECTRA (and ALBERT) factorize the embedding (Lan et al. 2020 sec. 3.1): 128-wide tables and a 128 -> 256
+    projection before the blocks (transformers models/electra ElectraModel.embeddings_project). Read at the hidden
+    width, electra-small's default config came out 29% over its parameter count; its masked-LM head projects back
+    down to 128 before the vocabulary (ElectraGeneratorPredictions), whose GEMM runs 128 wide, not 256."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from zerotune.predictor.flops import micro_batch_flops
+    config = transformers.ElectraConfig()  # electra-small's shape: embedding 128, hidden 256, 12 layers
+    spec = load_model(str(_write_config(tmp_path, "electra", config.to_dict())))
+    assert (spec.embedding_size, spec.hidden_size, spec.head) == (128, 256, "none")
+    with torch.device("meta"):
+        real = transformers.ElectraModel(config)
+    assert spec.num_params == sum(p.numel() for p in real.parameters())
+    # the masked-LM generator as a model file would state it: head 'lm' tied, with its transform and bias
+    small = transformers.ElectraConfig(vocab_size=4000, num_hidden_layers=2, max_position_embeddings=128)
+    mlm = load_model(str(_write_config(tmp_path, "electra-mlm", small.to_dict()))).replace(
+        head="lm", head_transform=True, head_bias=True, tied_embeddings=True)
+    model = transformers.ElectraForMaskedLM(small)
+    assert mlm.num_params == sum(p.numel() for p in model.parameters())
+    ids = torch.randint(3, 4000, (2, 64))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    assert micro_batch_flops(mlm, 2, 64, False).forward_flops == pytest.approx(counter.get_total_flops(), rel=1e-3)
+
+
+def test_hf_config_of_albert_warns_that_its_shared_blocks_are_counted_one_by_one(tmp_path: Path) -> None:
+    config = {"model_type": "albert", "vocab_size": 30000, "embedding_size": 128, "hidden_size": 768,
+              "num_hidden_layers": 12, "num_hidden_groups": 1, "num_attention_heads": 12, "intermediate_size": 3072,
+              "max_position_embeddings": 512, "type_vocab_size": 2}
+    with pytest.warns(UserWarning, match=r"ALBERT shares its blocks' weights .* up to 12x too large"):
+        spec = load_model(str(_write_config(tmp_path, "albert", config)))
+    assert spec.embedding_size == 128 and spec.head == "pooler"

@@ -921,3 +921,21 @@ def test_a_profiling_run_out_of_memory_at_the_highest_stage_already_says_so_in_o
                                          r"out of memory too\)") as exc:
         profile_model(settings, launcher, log=lambda _: None)
     assert stages == [1, 2] and "\n" not in str(exc.value)
+
+
+def test_a_factorized_embedding_is_read_at_its_own_width_and_the_blocks_at_theirs(tmp_path: Path) -> None:
+    """ElectraForMaskedLM: 128-wide embedding tables, 256-wide blocks, a head that projects 256 -> 128 before the tied
+    vocabulary projection. The embedding's width had been taken for the blocks' (the head then went unread, and
+    with it the logits' GEMMs)."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+        vocab_size=5000, embedding_size=128, hidden_size=256, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=1024, max_position_embeddings=256))
+    structure = describe(model)["structure"]
+    assert (structure["hidden_size"], structure["embedding_size"], structure["head"], structure["head_transform"]) == \
+        (256, 128, "lm", True)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 128], "dtype": "int64"}])
+    m = read_profiled(prefix, "hf-electra", 2).model
+    assert (m.hidden_size, m.embedding_size, m.head, m.tied_embeddings) == (256, 128, "lm", True)
+    assert m.num_params == sum(p.numel() for p in model.parameters())
