@@ -234,6 +234,19 @@ def test_expected_improvement_is_weighed_against_the_experiments_wall_time() -> 
     assert choose(equal, [], U, np.zeros(6, dtype=bool)).index == choose(plain, [], U, np.zeros(6, dtype=bool)).index
 
 
+def test_the_first_experiment_pays_for_a_gain_beyond_the_margin() -> None:
+    # The encoder fixture on the CPU (2026-11-28): micro-batch 32 predicted 35% above micro-batch 5 at 3.3x its wall
+    # time. Weighing throughput per second of experiment took micro-batch 5, a weak incumbent that six later
+    # experiments could beat by their bands; a gain above MIN_GAIN_REL is worth its cost, one below it is not (the
+    # test above).
+    step = [1.0, 8 / (1.35 * 4), 5.0, 10.0, 5.0, 10.0]  # mbs 8: 35% more throughput than mbs 4, 1.48x its step
+    costly = _cands(step_s=step, ratio=[0.2] * 6).with_cost(0.0, 6)
+    value_per_s = np.log(costly.micro_batch / costly.step_s) - np.log(costly.cost_s)
+    assert value_per_s[0] > value_per_s[1]  # what the old rule ranked by
+    first = choose(costly, [], U, np.zeros(6, dtype=bool))
+    assert int(costly.micro_batch[first.index]) == 8
+
+
 def test_a_second_zero_stage_is_run_before_stopping_when_within_the_stage_error() -> None:
     """Stage 3 predicted 1.6x slower (outside its band, inside STAGE_ERROR) and really the fastest: the search
     runs it second because every experiment so far was of stage 0; predicted 10x slower it is never run (the test

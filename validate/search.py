@@ -56,8 +56,8 @@ its median step for the profiling run, whose few short steps spread; the part of
 widens no prior. An OOM beyond the memory prior's edge moves the whole band up (the model is off) rather than
 stopping at the edge.
 
-Choice: the first experiment is the one of the largest p(fit) x corrected predicted metric per second of
-experiment among those that more likely fit than not; afterwards the largest expected improvement over the
+Choice: the first experiment is, among the configurations that more likely fit than not and whose p(fit) x
+corrected predicted metric is within MIN_GAIN_REL of the largest, the one of the largest per second of experiment; afterwards the largest expected improvement over the
 measured best (Jones, Schonlau & Welch 1998, on the log of the metric) times the probability of fitting, per
 second of experiment (Snoek, Larochelle & Adams 2012, sec. 3.2: start-up plus the timed steps, Candidates.cost_s;
 equal costs when none are given), among configurations whose optimistic bound still beats the best. While the
@@ -424,11 +424,18 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
         # best is its largest micro-batch that fits (bounds.dominated), so a run there bounds every smaller one,
         # and a CUDA OOM fails fast and raises the memory floor (replay seed 13, H200 grid: real model 2.86 -> 2.00
         # experiments, deliberately wrong 3.23 -> 3.09, choices within 3% of the best unchanged, 100% and 92.4%).
+        # Among those, the cheapest of the configurations predicted within MIN_GAIN_REL of the best: a smaller gain
+        # is not worth paying for (a Trainer script's micro-batch 162 at 87 s a step for 2% over micro-batch 32's),
+        # a larger one is, as later experiments are run only for a gain above it. Cheapest by value per second had
+        # taken the encoder fixture's micro-batch 5 (predicted 12.1 samples/s, 14 s) over its 32 (16.2, 46 s), and
+        # the weak incumbent let six more experiments beat it by their bands (offline replay of the 2026-11-28
+        # tune of tests/fixtures/scripts/encoder_mlm.py: 8 -> 4 launches; decoder_lm.py 4 -> 3).
         likely = open_ & (p_fit >= 0.5)
         pool = likely if likely.any() else open_
         fit_weight = 0.0 if cands.larger_batch_better else np.log(np.maximum(p_fit, 1e-12))
-        value = goodness + fit_weight - log_cost
-        score = np.where(pool, value if likely.any() else p_fit, -np.inf)
+        value = np.where(pool, goodness + fit_weight, -np.inf)
+        near = pool & (value >= np.max(value) - math.log1p(max(MIN_GAIN_REL, 0.0)))
+        score = np.where(near, value - log_cost, -np.inf) if likely.any() else np.where(pool, p_fit, -np.inf)
         return _choice(cands, int(np.argmax(score)), goodness, std, post, p_fit)
     second = _second_stage(cands, observations, open_ & ~held & (p_fit >= 0.5)
                            & (goodness + math.log(STAGE_ERROR) > best + math.log1p(MIN_GAIN_REL)))
