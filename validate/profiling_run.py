@@ -174,6 +174,47 @@ def _launch_profiling(settings: TuneSettings, launcher: Launcher, cfg: DSConfig,
     return launcher(replace(spec, env=profiling_env(spec.env, prefix)))
 
 
+def _profile_with_fallback(settings: TuneSettings, launcher: Launcher, space: SearchSpace, cfg: DSConfig,
+                           run_dir: Path, log: Callable[[str], None]
+                           ) -> tuple[RunResult, DSConfig, DSConfig | None, Path]:
+    """The profiling run, and once more at the highest stage when it ran out of memory (least_memory_variant):
+    (the run, its configuration, the configuration that ran out of memory or None, that try's folder)."""
+    run = _launch_profiling(settings, launcher, cfg, run_dir)
+    fallback = least_memory_variant(space, cfg) if run.status == "oom" else None
+    if fallback is None:
+        return run, cfg, None, run_dir
+    first_dir = run_dir.with_name(f"profile_oom_z{cfg.zero.stage}")
+    if first_dir.exists():
+        shutil.rmtree(first_dir)
+    if run_dir.exists():
+        run_dir.rename(first_dir)
+    log(f"zerotune tune: the profiling run ran out of memory at ZeRO stage {cfg.zero.stage}, micro-batch "
+        f"{cfg.train_micro_batch_size_per_gpu} (see {first_dir}); profiling again at stage "
+        f"{fallback.zero.stage}, as DeepSpeed's autotuner profiles every model")
+    return _launch_profiling(settings, launcher, fallback, run_dir), fallback, cfg, first_dir
+
+
+def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix: Path, run_dir: Path,
+                out_of_memory: DSConfig | None) -> ValueError:
+    """The one-line error for a profiling run whose files hold no model (failed, or not readable)."""
+    why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
+    if run.status == "ok":
+        return ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; "
+                          f"see {run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len")
+    # --model would not help: the experiments would run the script the same way
+    world = settings.num_nodes * settings.num_gpus
+    _refuse_unaccepted_mapping(run.reason, autotuning_of(settings.doc, world).arg_mappings, settings, run_dir)
+    started = Path(f"{prefix}.model.json").is_file()
+    tried = (f" (and at ZeRO stage {out_of_memory.zero.stage} before it, out of memory too)"
+             if out_of_memory is not None else "")
+    return ValueError(f"the profiling run of {settings.command.script} failed "
+                      f"{'after its DeepSpeed engine started' if started else 'before zerotune read its model'}"
+                      f" ({why}; see {run_dir}){tried}: the experiments would fail the same way; make the script "
+                      f"train under deepspeed with this ds_config first"
+                      + (f" (its model could not be read either, {exc}: then give --model and --seq_len)"
+                         if started else ""))
+
+
 def profile_model(settings: TuneSettings, launcher: Launcher = launch,
                   log: Callable[[str], None] = print) -> ProfileOutcome:
     """One run of the script at the space's smallest micro-batch and accumulation, measured by DeepSpeed's engine
@@ -191,66 +232,32 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
                                     gradient_accumulation_steps=min(space.grad_accums, default=1))
     run_dir = Path(at.results_dir) / "profile"
     prefix = (run_dir / "profiled").resolve()
-    run = _launch_profiling(settings, launcher, cfg, run_dir)
-    out_of_memory: DSConfig | None = None
-    first_dir = run_dir
-    fallback = least_memory_variant(space, cfg) if run.status == "oom" else None
-    if fallback is not None:
-        out_of_memory, first_dir = cfg, run_dir.with_name(f"profile_oom_z{cfg.zero.stage}")
-        if first_dir.exists():
-            shutil.rmtree(first_dir)
-        if run_dir.exists():
-            run_dir.rename(first_dir)
-        log(f"zerotune tune: the profiling run ran out of memory at ZeRO stage {cfg.zero.stage}, micro-batch "
-            f"{cfg.train_micro_batch_size_per_gpu} (see {first_dir}); profiling again at stage "
-            f"{fallback.zero.stage}, as DeepSpeed's autotuner profiles every model")
-        cfg = fallback
-        run = _launch_profiling(settings, launcher, cfg, run_dir)
-    name = f"profiled-{settings.command.script.stem}"
+    run, cfg, out_of_memory, first_dir = _profile_with_fallback(settings, launcher, space, cfg, run_dir, log)
     _refuse_pipeline(settings, prefix, run_dir)
     try:
-        profiled = read_profiled(prefix, name, world)
+        profiled = read_profiled(prefix, f"profiled-{settings.command.script.stem}", world)
     except ValueError as exc:
-        why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
-        if run.status != "ok":  # --model would not help: the experiments would run the script the same way
-            _refuse_unaccepted_mapping(run.reason, at.arg_mappings, settings, run_dir)
-            started = Path(f"{prefix}.model.json").is_file()
-            tried = (f" (and at ZeRO stage {out_of_memory.zero.stage} before it, out of memory too)"
-                     if out_of_memory is not None else "")
-            raise ValueError(f"the profiling run of {settings.command.script} failed "
-                             f"{'after its DeepSpeed engine started' if started else 'before zerotune read its model'}"
-                             f" ({why}; see {run_dir}){tried}:"
-                             f" the experiments would fail the same way; make the script train under deepspeed with "
-                             f"this ds_config first"
-                             + (f" (its model could not be read either, {exc}: then give --model and --seq_len)"
-                                if started else "")) from None
-        raise ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; see "
-                         f"{run_dir}); give --model (catalog name, model YAML or config.json) and --seq_len") from None
+        raise _unreadable(settings, run, exc, prefix, run_dir, out_of_memory) from None
     _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
     seq_len, precision = settings.seq_len or profiled.seq_len, precision_of_dtype(profiled.dtype)
-    cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg),
-                              replace(settings, script_checkpointing=profiled.activation_checkpointing,
-                                      script_precision=precision))
+    as_run = replace(settings, script_checkpointing=profiled.activation_checkpointing, script_precision=precision)
+    cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg), as_run)
     if seq_len is None:
         raise ValueError(f"the profiling run of {settings.command.script} saw no token input (micro-batch x sequence);"
                          f" give --seq_len")
     path = Path(at.results_dir) / "model_profiled.yaml"
     write_text_atomic(path, model_yaml(profiled, f"read by zerotune tune's profiling run of "
                                                 f"{settings.command.script} ({run_dir})"))
-    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), profiled.measured_seq_len or seq_len)
+    measured_seq_len = profiled.measured_seq_len or seq_len
+    measurement = _profile_measurement(settings, profiled, cfg, run, str(path), measured_seq_len)
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
     step_phase, update, reduced = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
-    oom = None
-    if out_of_memory is not None:
-        oom_cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, out_of_memory),
-                                     replace(settings, script_checkpointing=profiled.activation_checkpointing,
-                                             script_precision=precision))
-        oom = Measurement(model=str(path), hardware=settings.hardware, num_nodes=settings.num_nodes,
-                          num_gpus_per_node=settings.num_gpus, seq_len=profiled.measured_seq_len or seq_len,
-                          config=oom_cfg, status="oom", source=str(first_dir),
-                          reason="zerotune tune's profiling run, out of memory")
+    oom = None if out_of_memory is None else Measurement(
+        model=str(path), hardware=settings.hardware, num_nodes=settings.num_nodes, num_gpus_per_node=settings.num_gpus,
+        seq_len=measured_seq_len, status="oom", source=str(first_dir),
+        reason="zerotune tune's profiling run, out of memory", config=as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, out_of_memory), as_run))
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
                           step_phase, update, reduced, profiled.copy_curve, oom)
