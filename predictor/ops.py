@@ -431,20 +431,19 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     kernels_f = (2 * gathers - 1) * int(embedding) + norms * nk_f
     kernels_b = gathers * int(embedding) + norms * nk_b
     flops = 0 * hidden
+    narrow_f, narrow_b, narrow_kf, narrow_kb = _norm(narrow, model, rates)  # a norm at the embeddings' width
     if model.embedding_norm and embedding:
-        e_f, e_b, _, _ = _norm(narrow, model, rates)
-        fwd, bwd = fwd + e_f, bwd + e_b
+        fwd, bwd = fwd + narrow_f, bwd + narrow_b
     if model.factorized_embedding and embedding:  # the projection up to the blocks' width
         p_f, p_b, p_flops = _linear(tokens, model.embedding_width, model.hidden_size, rates, trained)
         fwd, bwd, flops = fwd + p_f, bwd + p_b, flops + p_flops
         kernels_f, kernels_b = kernels_f + 1, kernels_b + 2
     if model.head == "lm" and model.head_transform:  # dense, GELU and norm before the vocabulary projection
         t_f, t_b, t_flops = _linear(tokens, model.hidden_size, model.embedding_width, rates, trained)
-        n_f, n_b, n_kf, n_kb = _norm(narrow, model, rates)
-        fwd = fwd + t_f + _elementwise(narrow, 1, 1, 0, rates) + n_f
-        bwd = bwd + t_b + _elementwise(narrow, 2, 1, 0, rates) + n_b
+        fwd = fwd + t_f + _elementwise(narrow, 1, 1, 0, rates) + narrow_f
+        bwd = bwd + t_b + _elementwise(narrow, 2, 1, 0, rates) + narrow_b
         flops = flops + t_flops
-        kernels_f, kernels_b = kernels_f + 2 + n_kf, kernels_b + 3 + n_kb
+        kernels_f, kernels_b = kernels_f + 2 + narrow_kf, kernels_b + 3 + narrow_kb
     if model.head == "lm":
         logits = tokens * model.vocab_size / tp
         f_s, b_s, l_flops = _linear(tokens, model.embedding_width, model.vocab_size / tp, rates, trained)

@@ -88,7 +88,7 @@ def stop_rule_for(best: ExperimentResult, metric: Metric, samples: int, flops: f
             return None
         ratios = paired_step_ratios(steps, best, at)
         paired = len(ratios) == len(timed)
-        fastest_s = float(best.step_s) * min(ratios) if paired and best.step_s else min(timed)
+        fastest_s = float(best.step_s) * min(ratios) if paired else min(timed)  # paired: best.step_s is set
         value = _metric_of_step(metric, fastest_s, samples, flops)
         ratio = value / best_value if MAXIMISED[metric] else best_value / value
         if ratio >= 1.0 - EARLY_STOP_MARGIN:
