@@ -348,6 +348,9 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     activation = _activation(blocks[0])
     if activation is not None:
         doc["activation"] = activation
+    if any(isinstance(m, nn.MultiheadAttention) for m in blocks[0].modules()):
+        doc["torch_multihead_attention"] = True  # its eager layout copies (predictor/ops.py MHA_FORWARD_RW)
+        notes["read"].append("attention is torch.nn.MultiheadAttention: its packed projection's layout copies costed")
     doc.update(_hooked_modules(model, blocks))
     return doc
 

@@ -38,7 +38,8 @@ from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
-           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES"]
+           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_FORWARD_RW",
+           "MHA_BACKWARD_RW"]
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
@@ -51,6 +52,20 @@ FLASH_BACKWARD_PER_FORWARD = 2.5
 """Flash attention's backward recomputes the scores: 5 matmuls against the forward's 2 (Dao et al. 2022,
 sec. 3.1 and app. B)."""
 ELEMENT_BYTES = DTYPE_BYTES
+MHA_FORWARD_RW = (7.0, 7.0, 3)
+"""(reads, writes, kernels) that torch.nn.MultiheadAttention's forward adds per element of a block's hidden state
+(ModelSpec.torch_multihead_attention), beyond what the split-projection attention is costed as. Counted op by op
+under a TorchDispatchMode in torch 2.13 (fp32, batch-first input, self-attention, need_weights False; the GEMMs and
+the attention kernel left out): the input's transposed copy (1 read, 1 write), the in-projection's bias added apart
+from its GEMM (3 and 3: the input is not contiguous, so F.linear runs a matmul and an add) and the (3, L, N, E)
+contiguous copy of its output (3 and 3). A Hugging Face-style block (q, k, v and out linears on contiguous input,
+scaled_dot_product_attention) runs none of them. tests/test_ops.py counts both again against these figures."""
+MHA_BACKWARD_RW = (22.0, 23.0, 9)
+"""The same for backward: MultiheadAttention's attention ran 55 element reads and writes of the hidden width (the
+three slices' zero-filled select_backward, 12; the sums of their gradients into the packed one, 18; seven copies
+back to contiguous layouts, 18; a copy, 3; the in- and out-projections' bias gradients, 4) where the split-projection
+block ran 10 (the four bias gradients, 4; the sums of the q, k and v input gradients, 6), which the step model leaves
+to its calibration in every model alike."""
 """Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
 are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
 
@@ -312,6 +327,10 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     fwd, bwd = fwd + 2 * pair + drop * _mask_draws(2 * hidden, rates), bwd + 2 * pair
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
+    if model.torch_multihead_attention:  # nn.MultiheadAttention's layout copies and unfused bias (MHA_FORWARD_RW)
+        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_FORWARD_RW, MHA_BACKWARD_RW
+        fwd, bwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates), bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
+        kernels_f, kernels_b = kernels_f + k_f, kernels_b + k_b
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     return fwd + s_f, bwd + s_b, kernels_f + s_k + 2, kernels_b + s_k + 2  # + bias adds the GEMM epilogue does not fuse
 

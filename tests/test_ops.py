@@ -13,7 +13,8 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.ops import (MHA_BACKWARD_RW, MHA_FORWARD_RW, _linear, cold_weight_s, device_rates, gemm_s,
+                                    layer_times, outer_times)
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -339,3 +340,69 @@ def test_a_cpu_linear_forward_copies_its_weight_and_its_backward_does_not() -> N
             assert cold > 0 and cold_weight_s(n_in, n_out, plain) == 0
     assert np.mean(errors) <= 0.12 and np.mean(unpacked_errors) >= 0.2
     assert cpu.packs_weights and not device_rates(load_hardware("h200"), "bf16", Efficiency()).packs_weights
+
+
+def _eager_bytes(torch: object, fn: object, x: object) -> tuple[float, float]:
+    """(forward, backward) bytes the non-GEMM, non-attention-kernel aten ops of fn(x) read and write, counted under
+    a TorchDispatchMode (views, allocations and dtype casts move nothing and are left out)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    compute = {"mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu",
+               "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_attention_math"}
+    moved = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "select",
+             "slice", "as_strided", "_reshape_alias", "alias", "split", "unbind", "split_with_sizes", "detach",
+             "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "_to_copy"}
+
+    class Count(TorchDispatchMode):
+        total = 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.split(".")[0] not in compute | moved:
+                tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+                self.total += sum(t.numel() * t.element_size() for t in tensors if t.numel() > 1000)
+            return out
+
+    forward, backward = Count(), Count()
+    with forward:
+        y = fn(x)
+    with backward:
+        y.backward(torch.ones_like(y))
+    return forward.total, backward.total
+
+
+def test_multihead_attention_layout_traffic_is_what_torch_runs() -> None:
+    # torch.nn.MultiheadAttention (nn.TransformerEncoderLayer's attention) against the split-projection attention the
+    # other models are costed as (Hugging Face BERT's and Llama's layout: q, k, v, out linears on contiguous input,
+    # scaled_dot_product_attention): the bytes its extra eager ops move, counted in the installed torch, are
+    # ops.MHA_FORWARD_RW / MHA_BACKWARD_RW's (within 10%, in units of one element of the hidden state per token).
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    n, s, e, h = 4, 64, 128, 4
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(e, h, dropout=0.0, batch_first=True)
+    q, k, v, o = (nn.Linear(e, e) for _ in range(4))
+
+    def split(x):  # type: ignore[no-untyped-def]
+        def heads(t):  # type: ignore[no-untyped-def]
+            return t.view(n, s, h, e // h).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(heads(q(x)), heads(k(x)), heads(v(x)))
+        return o(out.transpose(1, 2).reshape(n, s, e))
+
+    unit = n * s * e * 4  # one fp32 element of the hidden state per token
+    x = torch.randn(n, s, e, requires_grad=True)
+    mha_f, mha_b = _eager_bytes(torch, lambda t: mha(t, t, t, need_weights=False)[0], x)
+    split_f, split_b = _eager_bytes(torch, split, x)
+    assert (mha_f - split_f) / unit == pytest.approx(sum(MHA_FORWARD_RW[:2]), rel=0.1)
+    assert (mha_b - split_b) / unit == pytest.approx(sum(MHA_BACKWARD_RW[:2]), rel=0.1)
+
+
+def test_multihead_attention_costs_its_layout_copies() -> None:
+    # The same block with nn.MultiheadAttention's flag costs its layout traffic on top, both ways, and nothing else.
+    model = load_model("bert-base")
+    rates = device_rates(load_hardware("cpu"), "fp32", Efficiency())
+    plain, mha = (layer_times(model.replace(torch_multihead_attention=f), 8, 128, 1, rates) for f in (False, True))
+    elems, pace = 8 * 128 * model.hidden_size, 4 / rates.memory_bytes_per_s
+    assert float(mha.forward_s - plain.forward_s) == pytest.approx(elems * sum(MHA_FORWARD_RW[:2]) * pace, rel=1e-9)
+    assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * sum(MHA_BACKWARD_RW[:2]) * pace, rel=1e-9)
+    assert mha.forward_flops == plain.forward_flops

@@ -46,6 +46,10 @@ def test_encoder_structure_is_read_from_nn_multihead_attention() -> None:
         (1536, 8192, 512, 2)
     assert s["tied_embeddings"] and s["embedding_norm"] and not s["gated_mlp"] and s["norm"] == "layernorm"
     assert doc["num_params"] == sum(p.numel() for p in _script("encoder_mlm").MaskedLM().parameters())
+    # nn.TransformerEncoderLayer's attention is nn.MultiheadAttention, whose layout copies are costed
+    # (predictor/ops.py MHA_FORWARD_RW); a block of plain linears is not flagged
+    assert s["torch_multihead_attention"] is True
+    assert "torch_multihead_attention" not in describe(_script("decoder_lm").Decoder())["structure"]
 
 
 def test_decoder_grouped_kv_and_gated_mlp_are_read_from_linear_shapes() -> None:
