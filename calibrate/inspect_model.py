@@ -348,11 +348,46 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     activation = _activation(blocks[0])
     if activation is not None:
         doc["activation"] = activation
-    if any(isinstance(m, nn.MultiheadAttention) for m in blocks[0].modules()):
+    attentions = sum(isinstance(m, nn.MultiheadAttention) for m in blocks[0].modules())
+    if attentions:
         doc["torch_multihead_attention"] = True  # its eager layout copies (predictor/ops.py MHA_FORWARD_RW)
         notes["read"].append("attention is torch.nn.MultiheadAttention: its packed projection's layout copies costed")
+    if attentions:
+        doc.update(_cross_attention_stacks(model, name, blocks, h, notes))
     doc.update(_hooked_modules(model, blocks))
     return doc
+
+
+def _cross_attention_stacks(model: nn.Module, name: str, blocks: nn.Module, h: int, notes: dict[str, list[str]]
+                            ) -> dict[str, int]:
+    """num_layers and cross_attention_layers where blocks have a second nn.MultiheadAttention (nn.TransformerDecoderLayer:
+    self-attention, then attention over a memory), each a cross-attention sub-block; {} where none has. A stack of the
+    same width beside them (nn.Transformer's encoder.layers and decoder.layers, whichever find_blocks chose) is one
+    stack with them, the encoder's blocks without cross-attention, the way the catalog describes T5 and BART
+    (predictor/catalog.py _hf_layers)."""
+    def attentions(stack: nn.Module) -> int:
+        return sum(isinstance(m, nn.MultiheadAttention) for m in stack[0].modules())
+
+    def width(stack: nn.Module) -> int | None:
+        found = next((m for m in stack[0].modules() if isinstance(m, nn.MultiheadAttention)), None)
+        return found.embed_dim if found is not None else None
+    stacks = [(name, blocks)] + [(n, m) for n, m in _block_lists(model) if n != name and width(m) == h]
+    decoders = [(n, m) for n, m in stacks if attentions(m) >= 2]
+    encoders = [(n, m) for n, m in stacks if attentions(m) == 1]
+    if not decoders:
+        return {}
+    dec_name, decoder = decoders[0] if decoders[0][0] == name else max(decoders, key=lambda item: len(item[1]))
+    notes["read"].append(f"cross-attention in each of the {len(decoder)} blocks at {dec_name} (a second "
+                         "nn.MultiheadAttention)")
+    if not encoders:
+        notes["assumed"].append("the cross-attention's memory is as long as the blocks' own input")
+        return {"num_layers": len(decoder), "cross_attention_layers": len(decoder)}
+    enc_name, encoder = encoders[0] if encoders[0][0] == name else max(encoders, key=lambda item: len(item[1]))
+    notes["read"].append(f"encoder stack: {len(encoder)} x {type(encoder[0]).__name__} at {enc_name}, costed as "
+                         "blocks without cross-attention in one stack with the decoder's")
+    notes["assumed"].append("one stack of both at the layer-weighted mean of the lengths the profiling run sees (the "
+                            "first token input's, the hooked block's input's), the memory as long")
+    return {"num_layers": len(decoder) + len(encoder), "cross_attention_layers": len(decoder)}
 
 
 def _hooked_modules(model: nn.Module, blocks: nn.Module) -> dict[str, int]:

@@ -52,6 +52,55 @@ def test_encoder_structure_is_read_from_nn_multihead_attention() -> None:
     assert "torch_multihead_attention" not in describe(_script("decoder_lm").Decoder())["structure"]
 
 
+class _TorchDecoderGPT(torch.nn.Module):
+    """A decoder-only model built of nn.TransformerDecoderLayer, attending over its own input as the memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(5000, 320), torch.nn.Embedding(256, 320)
+        self.blocks = torch.nn.ModuleList([torch.nn.TransformerDecoderLayer(320, 5, 1280, batch_first=True)
+                                           for _ in range(3)])
+        self.ln, self.head = torch.nn.LayerNorm(320), torch.nn.Linear(320, 5000, bias=False)
+
+
+class _TorchSeq2Seq(torch.nn.Module):
+    """nn.Transformer between a shared token embedding and a vocabulary projection (PyTorch's translation tutorial)."""
+
+    def __init__(self, encoder_layers: int, decoder_layers: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(3000, 256)
+        self.t = torch.nn.Transformer(256, 4, encoder_layers, decoder_layers, 1024, batch_first=True)
+        self.out = torch.nn.Linear(256, 3000)
+
+
+@pytest.mark.parametrize("model, layers, cross, hidden", [
+    (_TorchDecoderGPT(), 3, 3, 320),        # every block a self- and a cross-attention
+    (_TorchSeq2Seq(3, 2), 5, 2, 256),       # find_blocks picks the encoder stack (more parameters): the decoder's
+    (_TorchSeq2Seq(2, 3), 5, 3, 256),       # found beside it, and the other way round
+])
+def test_torch_decoder_layers_are_read_with_their_cross_attention(tmp_path: Path, model: torch.nn.Module, layers: int,
+                                                                   cross: int, hidden: int) -> None:
+    s = describe(model)["structure"]
+    assert (s["num_layers"], s["cross_attention_layers"], s["hidden_size"]) == (layers, cross, hidden)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [2, 64], "dtype": "int64"}])
+    path = tmp_path / "model_profiled.yaml"
+    path.write_text(model_yaml(read_profiled(prefix, "profiled-torch", 2), "test"))
+    # the description holds the module's parameters but for nn.Transformer's second final norm (2 x 256)
+    assert load_model(str(path)).num_params == pytest.approx(sum(p.numel() for p in model.parameters()), abs=512)
+
+
+def test_torch_seq2seq_runs_at_the_layer_weighted_mean_of_its_two_lengths(tmp_path: Path) -> None:
+    # nn.Transformer with 2 encoder and 3 decoder layers: the hook sees the first decoder block's input (64 target
+    # positions), the source ids are 96 long: one stack of 5 at (2 x 96 + 3 x 64) / 5 = 76.8 -> 77 positions
+    model, prefix = _TorchSeq2Seq(2, 3), tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [2, 96], "dtype": "int64"}],
+                   block_input=[{"name": "", "shape": [2, 64, 256], "dtype": "float32"}])
+    run = read_profiled(prefix, "profiled-seq2seq", 2)
+    assert (run.micro_batch, run.seq_len) == (2, 77)
+    assert any("encoder-decoder: 2 encoder layers over 96" in line for line in run.read)
+
+
 def test_decoder_grouped_kv_and_gated_mlp_are_read_from_linear_shapes() -> None:
     doc = describe(_script("decoder_lm").Decoder())
     s = doc["structure"]

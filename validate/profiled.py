@@ -314,7 +314,8 @@ def _padded_per_batch(ranks: Sequence[Mapping[str, Any]], tokens: Tokens, read: 
 
 
 def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: Tokens, decoder: Tokens, read: list[str]) -> Tokens:
-    """(micro-batch, positions) of an encoder-decoder (T5, BART) described as one stack of both (the catalog's
+    """(micro-batch, positions) of an encoder-decoder (T5, BART by their config; nn.Transformer by its two stacks of
+    modules, `hf` then holding only encoder_layers and decoder_layers) described as one stack of both (the catalog's
     zerotune.predictor.catalog._hf_layers): the encoder runs over the input ids' length, the decoder over its own
     (the repeated block the hook sees is the decoder's, the larger with its cross-attention); the stack runs at
     their layer-weighted mean, so its layers x positions, what the GEMMs and activations scale with, are the
@@ -340,6 +341,10 @@ def _positions(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], read: lis
     if tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
         if hf.get("is_encoder_decoder"):
             return _encoder_decoder_tokens(hf, tokens, blocks_see, read), blocks_see
+        cross = int(structure.get("cross_attention_layers") or 0)
+        if 0 < cross < int(structure.get("num_layers") or 0):  # nn.Transformer's two stacks (inspect_model)
+            stacks = {"encoder_layers": int(structure["num_layers"]) - cross, "decoder_layers": cross}
+            return _encoder_decoder_tokens(stacks, tokens, blocks_see, read), blocks_see
         # a script that feeds s + 1 ids and shifts them itself (inputs ids[:, :-1], targets ids[:, 1:]) runs its
         # blocks over s positions: the blocks' sequence is the one that costs time and memory
         read.append(f"the blocks run over {blocks_see[1]} positions (the first block's input)")
