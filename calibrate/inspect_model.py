@@ -352,7 +352,6 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     if attentions:
         doc["torch_multihead_attention"] = True  # its eager layout copies (predictor/ops.py MHA_FORWARD_RW)
         notes["read"].append("attention is torch.nn.MultiheadAttention: its packed projection's layout copies costed")
-    if attentions:
         doc.update(_cross_attention_stacks(model, name, blocks, h, notes))
     doc.update(_hooked_modules(model, blocks))
     return doc
@@ -360,11 +359,11 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
 
 def _cross_attention_stacks(model: nn.Module, name: str, blocks: nn.Module, h: int, notes: dict[str, list[str]]
                             ) -> dict[str, int]:
-    """num_layers and cross_attention_layers where blocks have a second nn.MultiheadAttention (nn.TransformerDecoderLayer:
-    self-attention, then attention over a memory), each a cross-attention sub-block; {} where none has. A stack of the
-    same width beside them (nn.Transformer's encoder.layers and decoder.layers, whichever find_blocks chose) is one
-    stack with them, the encoder's blocks without cross-attention, the way the catalog describes T5 and BART
-    (predictor/catalog.py _hf_layers)."""
+    """num_layers and cross_attention_layers where blocks have a second nn.MultiheadAttention
+    (nn.TransformerDecoderLayer: self-attention, then attention over a memory), each a cross-attention sub-block; {}
+    where none has. A stack of the same width beside them (nn.Transformer's encoder.layers and decoder.layers,
+    whichever find_blocks chose) is one stack with them, the encoder's blocks without cross-attention, the way the
+    catalog describes T5 and BART (predictor/catalog.py _hf_layers)."""
     def attentions(stack: nn.Module) -> int:
         return sum(isinstance(m, nn.MultiheadAttention) for m in stack[0].modules())
 

@@ -52,6 +52,8 @@ FLASH_BACKWARD_PER_FORWARD = 2.5
 """Flash attention's backward recomputes the scores: 5 matmuls against the forward's 2 (Dao et al. 2022,
 sec. 3.1 and app. B)."""
 ELEMENT_BYTES = DTYPE_BYTES
+"""Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
+are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
 MHA_FORWARD_RW = (7.0, 7.0, 3)
 """(reads, writes, kernels) that torch.nn.MultiheadAttention's forward adds per element of a block's hidden state
 (ModelSpec.torch_multihead_attention), beyond what the split-projection attention is costed as. Counted op by op
@@ -66,8 +68,6 @@ three slices' zero-filled select_backward, 12; the sums of their gradients into 
 back to contiguous layouts, 18; a copy, 3; the in- and out-projections' bias gradients, 4) where the split-projection
 block ran 10 (the four bias gradients, 4; the sums of the q, k and v input gradients, 6), which the step model leaves
 to its calibration in every model alike."""
-"""Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
-are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
 
 
 @dataclass(frozen=True)
@@ -329,7 +329,8 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
     if model.torch_multihead_attention:  # nn.MultiheadAttention's layout copies and unfused bias (MHA_FORWARD_RW)
         (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_FORWARD_RW, MHA_BACKWARD_RW
-        fwd, bwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates), bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
+        fwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates)
+        bwd = bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
         kernels_f, kernels_b = kernels_f + k_f, kernels_b + k_b
     s_f, s_b, s_k = _eager_scores(model, b, s, tp, rates)
     return fwd + s_f, bwd + s_b, kernels_f + s_k + 2, kernels_b + s_k + 2  # + bias adds the GEMM epilogue does not fuse
