@@ -348,10 +348,12 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     activation = _activation(blocks[0])
     if activation is not None:
         doc["activation"] = activation
-    attentions = sum(isinstance(m, nn.MultiheadAttention) for m in blocks[0].modules())
-    if attentions:
-        doc["torch_multihead_attention"] = True  # its eager layout copies (predictor/ops.py MHA_FORWARD_RW)
-        notes["read"].append("attention is torch.nn.MultiheadAttention: its packed projection's layout copies costed")
+    mha = [m for m in blocks[0].modules() if isinstance(m, nn.MultiheadAttention)]
+    if mha:  # its eager layout copies (predictor/ops.py MHA_RW)
+        layout = "batch_first" if mha[0].batch_first else "sequence_first"
+        doc["torch_multihead_attention"] = layout
+        notes["read"].append(f"attention is torch.nn.MultiheadAttention ({layout.replace('_', '-')} input): its packed "
+                             "projection's layout copies costed")
         doc.update(_cross_attention_stacks(model, name, blocks, h, notes))
     doc.update(_hooked_modules(model, blocks))
     return doc

@@ -71,14 +71,15 @@ class ModelSpec:
     eager_attention_forward), so backward keeps the fp32 probabilities beside the cast ones; 'scores' casts query
     and key to fp32 first, so the score matmul and its gradients run at the fp32 matmul rate and the mask and
     softmax over fp32 scores (models/gpt_neo/modeling_gpt_neo.py GPTNeoSelfAttention._attn, gptj, codegen)."""
-    torch_multihead_attention: bool = False
+    torch_multihead_attention: Literal["none", "batch_first", "sequence_first"] = "none"
     """The block's attention is torch.nn.MultiheadAttention (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer),
-    which in training runs F.multi_head_attention_forward's eager layout work beyond the split-projection attention
-    the other models are costed as (MHA_FORWARD_RW, MHA_BACKWARD_RW in ops.py): its packed in-projection reads a
-    (sequence, batch)-transposed copy of the input, adds its bias apart from the GEMM and copies its output into a
-    (3, sequence, batch, width) layout; backward zero-fills and sums the three slices' gradients and copies them back
-    (torch/nn/functional.py multi_head_attention_forward, _in_projection_packed). The profiling run reads it from
-    the block's modules (calibrate/inspect_model.py)."""
+    with batch_first or with the (sequence, batch, width) layout of its default. In training it runs
+    F.multi_head_attention_forward's eager layout work beyond the split-projection attention the other models are
+    costed as (ops.MHA_RW): its packed in-projection's output is copied into a (3, sequence, batch, width) layout and
+    backward zero-fills, sums and copies the three slices' gradients back (torch/nn/functional.py
+    multi_head_attention_forward, _in_projection_packed); a batch-first input is first copied to the sequence-first
+    layout, on which F.linear adds the bias apart from its GEMM. The profiling run reads it from the block's modules
+    (calibrate/inspect_model.py). 'none': another attention."""
     parallel_residual: Literal["none", "one_norm", "two_norms"] = "none"
     """Attention and MLP side by side on the block's input, their outputs added to it (GPT-J, Phi, CodeGen: one
     norm feeding both, transformers models/gptj GPTJBlock ln_1; GPT-NeoX's use_parallel_residual and Falcon's new

@@ -38,8 +38,7 @@ from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
-           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_FORWARD_RW",
-           "MHA_BACKWARD_RW"]
+           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW"]
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
@@ -54,20 +53,19 @@ sec. 3.1 and app. B)."""
 ELEMENT_BYTES = DTYPE_BYTES
 """Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
 are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
-MHA_FORWARD_RW = (7.0, 7.0, 3)
-"""(reads, writes, kernels) that torch.nn.MultiheadAttention's forward adds per element of a block's hidden state
-(ModelSpec.torch_multihead_attention), beyond what the split-projection attention is costed as. Counted op by op
-under a TorchDispatchMode in torch 2.13 (fp32, batch-first input, self-attention, need_weights False; the GEMMs and
-the attention kernel left out): the input's transposed copy (1 read, 1 write), the in-projection's bias added apart
-from its GEMM (3 and 3: the input is not contiguous, so F.linear runs a matmul and an add) and the (3, L, N, E)
-contiguous copy of its output (3 and 3). A Hugging Face-style block (q, k, v and out linears on contiguous input,
-scaled_dot_product_attention) runs none of them. tests/test_ops.py counts both again against these figures."""
-MHA_BACKWARD_RW = (22.0, 23.0, 9)
-"""The same for backward: MultiheadAttention's attention ran 55 element reads and writes of the hidden width (the
-three slices' zero-filled select_backward, 12; the sums of their gradients into the packed one, 18; seven copies
-back to contiguous layouts, 18; a copy, 3; the in- and out-projections' bias gradients, 4) where the split-projection
-block ran 10 (the four bias gradients, 4; the sums of the q, k and v input gradients, 6), which the step model leaves
-to its calibration in every model alike."""
+MHA_RW = {"batch_first": ((7.0, 7.0, 3), (22.0, 23.0, 9)), "sequence_first": ((3.0, 3.0, 1), (20.0, 22.0, 8))}
+"""((reads, writes, kernels) forward, the same backward) that torch.nn.MultiheadAttention adds per element of a
+block's hidden state (ModelSpec.torch_multihead_attention) beyond what the split-projection attention is costed as,
+counted op by op under a TorchDispatchMode in torch 2.13 (fp32, self-attention, need_weights False; the GEMMs and the
+attention kernel left out; tests/test_ops.py counts them again). Forward, sequence-first input: the (3, L, N, E)
+contiguous copy of the packed in-projection's output (3 reads, 3 writes); batch-first adds the input's transposed
+copy (1 and 1) and the in-projection's bias added apart from its GEMM on that non-contiguous input (3 and 3). A
+Hugging Face-style block (q, k, v and out linears on contiguous input, scaled_dot_product_attention) runs none of
+them. Backward, sequence-first: 52 element reads and writes (the three slices' zero-filled select_backward, 12; the
+sums of their gradients into the packed one, 18; seven copies back to contiguous layouts, 18; the in- and
+out-projections' bias gradients, 4), batch-first 55 (a copy back to the batch-first layout, 3), where the
+split-projection block ran 10 (the four bias gradients, 4; the sums of the q, k and v input gradients, 6), which the
+step model leaves to its calibration in every model alike."""
 
 
 @dataclass(frozen=True)
@@ -327,8 +325,8 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     fwd, bwd = fwd + 2 * pair + drop * _mask_draws(2 * hidden, rates), bwd + 2 * pair
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
-    if model.torch_multihead_attention:  # nn.MultiheadAttention's layout copies and unfused bias (MHA_FORWARD_RW)
-        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_FORWARD_RW, MHA_BACKWARD_RW
+    if model.torch_multihead_attention != "none":  # nn.MultiheadAttention's layout copies (MHA_RW)
+        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_RW[model.torch_multihead_attention]
         fwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates)
         bwd = bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
         kernels_f, kernels_b = kernels_f + k_f, kernels_b + k_b

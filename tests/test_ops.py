@@ -13,8 +13,7 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import (MHA_BACKWARD_RW, MHA_FORWARD_RW, _linear, cold_weight_s, device_rates, gemm_s,
-                                    layer_times, outer_times)
+from zerotune.predictor.ops import MHA_RW, _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -371,16 +370,19 @@ def _eager_bytes(torch: object, fn: object, x: object) -> tuple[float, float]:
     return forward.total, backward.total
 
 
-def test_multihead_attention_layout_traffic_is_what_torch_runs() -> None:
-    # torch.nn.MultiheadAttention (nn.TransformerEncoderLayer's attention) against the split-projection attention the
-    # other models are costed as (Hugging Face BERT's and Llama's layout: q, k, v, out linears on contiguous input,
-    # scaled_dot_product_attention): the bytes its extra eager ops move, counted in the installed torch, are
-    # ops.MHA_FORWARD_RW / MHA_BACKWARD_RW's (within 10%, in units of one element of the hidden state per token).
+@pytest.mark.parametrize("layout", ["batch_first", "sequence_first"])
+def test_multihead_attention_layout_traffic_is_what_torch_runs(layout: str) -> None:
+    # torch.nn.MultiheadAttention (nn.TransformerEncoderLayer's attention), batch-first or in its default (sequence,
+    # batch, width) layout, against the split-projection attention the other models are costed as (Hugging Face
+    # BERT's and Llama's layout: q, k, v, out linears on contiguous input, scaled_dot_product_attention): the bytes its
+    # extra eager ops move, counted in the installed torch, are ops.MHA_RW's (within 10%, in units of one element of
+    # the hidden state per token). Each attention gets its own input: a second backward into one input would add the
+    # accumulation of its gradient.
     torch = pytest.importorskip("torch")
     from torch import nn
     n, s, e, h = 4, 64, 128, 4
     torch.manual_seed(0)
-    mha = nn.MultiheadAttention(e, h, dropout=0.0, batch_first=True)
+    mha = nn.MultiheadAttention(e, h, dropout=0.0, batch_first=layout == "batch_first")
     q, k, v, o = (nn.Linear(e, e) for _ in range(4))
 
     def split(x):  # type: ignore[no-untyped-def]
@@ -390,19 +392,24 @@ def test_multihead_attention_layout_traffic_is_what_torch_runs() -> None:
         return o(out.transpose(1, 2).reshape(n, s, e))
 
     unit = n * s * e * 4  # one fp32 element of the hidden state per token
-    x = torch.randn(n, s, e, requires_grad=True)
-    mha_f, mha_b = _eager_bytes(torch, lambda t: mha(t, t, t, need_weights=False)[0], x)
-    split_f, split_b = _eager_bytes(torch, split, x)
-    assert (mha_f - split_f) / unit == pytest.approx(sum(MHA_FORWARD_RW[:2]), rel=0.1)
-    assert (mha_b - split_b) / unit == pytest.approx(sum(MHA_BACKWARD_RW[:2]), rel=0.1)
+    shape = (n, s, e) if layout == "batch_first" else (s, n, e)
+    mha_f, mha_b = _eager_bytes(torch, lambda t: mha(t, t, t, need_weights=False)[0],
+                                torch.randn(*shape, requires_grad=True))
+    split_f, split_b = _eager_bytes(torch, split, torch.randn(n, s, e, requires_grad=True))
+    (r_f, w_f, _), (r_b, w_b, _) = MHA_RW[layout]
+    assert (mha_f - split_f) / unit == pytest.approx(r_f + w_f, rel=0.1)
+    assert (mha_b - split_b) / unit == pytest.approx(r_b + w_b, rel=0.1)
 
 
 def test_multihead_attention_costs_its_layout_copies() -> None:
-    # The same block with nn.MultiheadAttention's flag costs its layout traffic on top, both ways, and nothing else.
+    # The same block with nn.MultiheadAttention's layout costs its traffic on top, both ways, and nothing else.
     model = load_model("bert-base")
     rates = device_rates(load_hardware("cpu"), "fp32", Efficiency())
-    plain, mha = (layer_times(model.replace(torch_multihead_attention=f), 8, 128, 1, rates) for f in (False, True))
     elems, pace = 8 * 128 * model.hidden_size, 4 / rates.memory_bytes_per_s
-    assert float(mha.forward_s - plain.forward_s) == pytest.approx(elems * sum(MHA_FORWARD_RW[:2]) * pace, rel=1e-9)
-    assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * sum(MHA_BACKWARD_RW[:2]) * pace, rel=1e-9)
-    assert mha.forward_flops == plain.forward_flops
+    plain = layer_times(model, 8, 128, 1, rates)
+    for layout, ((r_f, w_f, k_f), (r_b, w_b, k_b)) in MHA_RW.items():
+        mha = layer_times(model.replace(torch_multihead_attention=layout), 8, 128, 1, rates)
+        assert float(mha.forward_s - plain.forward_s) == pytest.approx(elems * (r_f + w_f) * pace, rel=1e-9)
+        assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * (r_b + w_b) * pace, rel=1e-9)
+        assert (mha.forward_kernels - plain.forward_kernels, mha.backward_kernels - plain.backward_kernels) == (k_f, k_b)
+        assert mha.forward_flops == plain.forward_flops
