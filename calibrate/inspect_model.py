@@ -349,7 +349,7 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     if activation is not None:
         doc["activation"] = activation
     mha = [m for m in blocks[0].modules() if isinstance(m, nn.MultiheadAttention)]
-    if mha:  # its eager layout copies (predictor/ops.py MHA_RW)
+    if mha:  # its eager layout copies (predictor/ops.py MHA_RW_ELEMS)
         layout = "batch_first" if mha[0].batch_first else "sequence_first"
         doc["torch_multihead_attention"] = layout
         notes["read"].append(f"attention is torch.nn.MultiheadAttention ({layout.replace('_', '-')} input): its packed "
@@ -377,13 +377,13 @@ def _cross_attention_stacks(model: nn.Module, name: str, blocks: nn.Module, h: i
     encoders = [(n, m) for n, m in stacks if attentions(m) == 1]
     if not decoders:
         return {}
-    dec_name, decoder = decoders[0] if decoders[0][0] == name else max(decoders, key=lambda item: len(item[1]))
+    dec_name, decoder = max(decoders, key=lambda item: (item[0] == name, len(item[1])))  # the hooked one first
     notes["read"].append(f"cross-attention in each of the {len(decoder)} blocks at {dec_name} (a second "
                          "nn.MultiheadAttention)")
     if not encoders:
         notes["assumed"].append("the cross-attention's memory is as long as the blocks' own input")
         return {"num_layers": len(decoder), "cross_attention_layers": len(decoder)}
-    enc_name, encoder = encoders[0] if encoders[0][0] == name else max(encoders, key=lambda item: len(item[1]))
+    enc_name, encoder = max(encoders, key=lambda item: (item[0] == name, len(item[1])))
     notes["read"].append(f"encoder stack: {len(encoder)} x {type(encoder[0]).__name__} at {enc_name}, costed as "
                          "blocks without cross-attention in one stack with the decoder's")
     notes["assumed"].append("one stack of both at the layer-weighted mean of the lengths the profiling run sees (the "

@@ -75,8 +75,8 @@ class ModelSpec:
     """The block's attention is torch.nn.MultiheadAttention (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer),
     with batch_first or with the (sequence, batch, width) layout of its default. In training it runs
     F.multi_head_attention_forward's eager layout work beyond the split-projection attention the other models are
-    costed as (ops.MHA_RW): its packed in-projection's output is copied into a (3, sequence, batch, width) layout and
-    backward zero-fills, sums and copies the three slices' gradients back (torch/nn/functional.py
+    costed as (ops.MHA_RW_ELEMS): its packed in-projection's output is copied into a (3, sequence, batch, width)
+    layout and backward zero-fills, sums and copies the three slices' gradients back (torch/nn/functional.py
     multi_head_attention_forward, _in_projection_packed); a batch-first input is first copied to the sequence-first
     layout, on which F.linear adds the bias apart from its GEMM. The profiling run reads it from the block's modules
     (calibrate/inspect_model.py). 'none': another attention."""

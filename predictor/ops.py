@@ -38,7 +38,7 @@ from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
-           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW"]
+           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS"]
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
@@ -53,7 +53,8 @@ sec. 3.1 and app. B)."""
 ELEMENT_BYTES = DTYPE_BYTES
 """Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
 are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
-MHA_RW = {"batch_first": ((7.0, 7.0, 3), (22.0, 23.0, 9)), "sequence_first": ((3.0, 3.0, 1), (20.0, 22.0, 8))}
+MHA_RW_ELEMS = {"batch_first": ((7.0, 7.0, 3), (22.0, 23.0, 9)),
+                "sequence_first": ((3.0, 3.0, 1), (20.0, 22.0, 8))}
 """((reads, writes, kernels) forward, the same backward) that torch.nn.MultiheadAttention adds per element of a
 block's hidden state (ModelSpec.torch_multihead_attention) beyond what the split-projection attention is costed as,
 counted op by op under a TorchDispatchMode in torch 2.13 (fp32, self-attention, need_weights False; the GEMMs and the
@@ -325,8 +326,8 @@ def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: Device
     pair = _elementwise(hidden, 2, 1, 0, rates) + drop * _elementwise(hidden, 1, 1, hidden, rates)
     fwd, bwd = fwd + 2 * pair + drop * _mask_draws(2 * hidden, rates), bwd + 2 * pair
     kernels_f, kernels_b = kernels_f + 2 * (1 + drop), kernels_b + 2 * (1 + drop)
-    if model.torch_multihead_attention != "none":  # nn.MultiheadAttention's layout copies (MHA_RW)
-        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_RW[model.torch_multihead_attention]
+    if model.torch_multihead_attention != "none":  # nn.MultiheadAttention's layout copies (MHA_RW_ELEMS)
+        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_RW_ELEMS[model.torch_multihead_attention]
         fwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates)
         bwd = bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
         kernels_f, kernels_b = kernels_f + k_f, kernels_b + k_b

@@ -13,7 +13,7 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import MHA_RW, _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.ops import MHA_RW_ELEMS, _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -375,9 +375,9 @@ def test_multihead_attention_layout_traffic_is_what_torch_runs(layout: str) -> N
     # torch.nn.MultiheadAttention (nn.TransformerEncoderLayer's attention), batch-first or in its default (sequence,
     # batch, width) layout, against the split-projection attention the other models are costed as (Hugging Face
     # BERT's and Llama's layout: q, k, v, out linears on contiguous input, scaled_dot_product_attention): the bytes its
-    # extra eager ops move, counted in the installed torch, are ops.MHA_RW's (within 10%, in units of one element of
-    # the hidden state per token). Each attention gets its own input: a second backward into one input would add the
-    # accumulation of its gradient.
+    # extra eager ops move, counted in the installed torch, are ops.MHA_RW_ELEMS's (within 10%, in units of one
+    # element of the hidden state per token). Each attention gets its own input: a second backward into one input
+    # would add the accumulation of its gradient.
     torch = pytest.importorskip("torch")
     from torch import nn
     n, s, e, h = 4, 64, 128, 4
@@ -396,7 +396,7 @@ def test_multihead_attention_layout_traffic_is_what_torch_runs(layout: str) -> N
     mha_f, mha_b = _eager_bytes(torch, lambda t: mha(t, t, t, need_weights=False)[0],
                                 torch.randn(*shape, requires_grad=True))
     split_f, split_b = _eager_bytes(torch, split, torch.randn(n, s, e, requires_grad=True))
-    (r_f, w_f, _), (r_b, w_b, _) = MHA_RW[layout]
+    (r_f, w_f, _), (r_b, w_b, _) = MHA_RW_ELEMS[layout]
     assert (mha_f - split_f) / unit == pytest.approx(r_f + w_f, rel=0.1)
     assert (mha_b - split_b) / unit == pytest.approx(r_b + w_b, rel=0.1)
 
@@ -407,7 +407,7 @@ def test_multihead_attention_costs_its_layout_copies() -> None:
     rates = device_rates(load_hardware("cpu"), "fp32", Efficiency())
     elems, pace = 8 * 128 * model.hidden_size, 4 / rates.memory_bytes_per_s
     plain = layer_times(model, 8, 128, 1, rates)
-    for layout, ((r_f, w_f, k_f), (r_b, w_b, k_b)) in MHA_RW.items():
+    for layout, ((r_f, w_f, k_f), (r_b, w_b, k_b)) in MHA_RW_ELEMS.items():
         mha = layer_times(model.replace(torch_multihead_attention=layout), 8, 128, 1, rates)
         assert float(mha.forward_s - plain.forward_s) == pytest.approx(elems * (r_f + w_f) * pace, rel=1e-9)
         assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * (r_b + w_b) * pace, rel=1e-9)

@@ -47,7 +47,7 @@ def test_encoder_structure_is_read_from_nn_multihead_attention() -> None:
     assert s["tied_embeddings"] and s["embedding_norm"] and not s["gated_mlp"] and s["norm"] == "layernorm"
     assert doc["num_params"] == sum(p.numel() for p in _script("encoder_mlm").MaskedLM().parameters())
     # nn.TransformerEncoderLayer's attention is nn.MultiheadAttention, whose layout copies are costed
-    # (predictor/ops.py MHA_RW, the fixture's layers are batch-first); a block of plain linears is not flagged
+    # (predictor/ops.py MHA_RW_ELEMS, the fixture's layers are batch-first); a block of plain linears is not flagged
     assert s["torch_multihead_attention"] == "batch_first"
     assert "torch_multihead_attention" not in describe(_script("decoder_lm").Decoder())["structure"]
     default = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(128, 4), 3)  # (sequence, batch, width)
