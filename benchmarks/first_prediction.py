@@ -59,6 +59,7 @@ SCRIPT_LIST = (
     Script("t5_trainer", "t5_seq2seq_trainer.py", "trainer"),
     Script("bert_cls_ckpt", "bert_cls_trainer.py", "trainer", script_args=("--gradient_checkpointing",)),
     Script("moe", "mixtral_moe_loop.py", "loop"), Script("seq2seq", "seq2seq_transformer.py", "loop"),
+    Script("albert", "albert_mlm_loop.py", "loop", ds_optimizer=True),
 )
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"
 _PROFILE = re.compile(rf"profiling run (\S+): measured {_NUMBER} samples/s, predicted {_NUMBER} \(band {_NUMBER}-"

@@ -140,7 +140,9 @@ class GPT(nn.Module):
         self.positions = nn.Embedding(spec.max_position_embeddings, h) if learned else None
         self.token_types = nn.Embedding(spec.type_vocab_size, h) if spec.type_vocab_size else None
         self.embed_norm = _norm(spec) if spec.embedding_norm else None
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.held_layers))
+        # ALBERT's order over shared blocks (ModelSpec.distinct_layers): pass i runs block i x held // passes
+        self.passes = [i * spec.held_layers // spec.num_layers for i in range(spec.num_layers)]
         self.final_norm = _norm(spec) if spec.final_norm else None
         untied = spec.head == "lm" and not spec.tied_embeddings
         self.lm_head = nn.Linear(h, spec.vocab_size, bias=False) if untied else None
@@ -162,7 +164,7 @@ class GPT(nn.Module):
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         ids, targets = batch[:, :-1], batch[:, 1:]
         x = self._embed(ids)
-        for block in self.blocks:
+        for block in (self.blocks[i] for i in self.passes):
             # torch's non-reentrant checkpoint recomputes each block in backward (HF gradient checkpointing)
             x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks and self.training else block(x)
         if self.final_norm is not None:

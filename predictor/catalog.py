@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +106,7 @@ MODEL_LIMITS: dict[str, int] = {
     "relative_position_buckets": 2**20, "conv_kernel_size": 64, "published_num_params": 10**15,
     "attention_head_dim": 2**16, "frozen_layer_params": 10**15, "frozen_outer_params": 10**15,
     "adapter_params": 10**15, "num_adapter_tensors": 2**24, "num_experts": 2**12, "experts_per_token": 2**12,
-    "cross_attention_layers": 4096, "shared_expert_ffn_size": 2**22,
+    "cross_attention_layers": 4096, "shared_expert_ffn_size": 2**22, "distinct_layers": 4096,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
@@ -115,7 +114,7 @@ arrays stay in memory. A larger value is a typo or a different unit (a parameter
 _MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
                    "published_num_params", "attention_head_dim", "frozen_layer_params", "frozen_outer_params",
                    "adapter_params", "num_adapter_tensors", "num_experts", "cross_attention_layers",
-                   "shared_expert_ffn_size"}
+                   "shared_expert_ffn_size", "distinct_layers"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +224,21 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         return ModelSpec(**{**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, path)})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _albert_layers(cfg: dict[str, Any]) -> dict[str, int]:
+    """ALBERT's blocks a token passes through and those holding weights (ModelSpec.distinct_layers): AlbertTransformer
+    runs num_hidden_layers groups, group int(i / (num_hidden_layers / num_hidden_groups)) at step i, and each group
+    call runs its inner_group_num layers (transformers models/albert/modeling_albert.py AlbertTransformer.forward,
+    AlbertLayerGroup); the model holds num_hidden_groups groups of inner_group_num layers each."""
+    def count(key: str) -> int:
+        value = cfg.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        return value
+    inner = count("inner_group_num")
+    layers, groups = count("num_hidden_layers") * inner, count("num_hidden_groups") * inner
+    return {"num_layers": layers, "distinct_layers": groups if groups < layers else 0}
 
 
 def _hf_activation(cfg: dict[str, Any]) -> str:
@@ -360,17 +374,12 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
                                           final_norm=False, head="pooler")}
     if model_type in ("electra", "albert"):
         # BERT's embeddings (token types, a norm) at their own width, projected up to the blocks' (embedding_size);
-        # ElectraModel has no pooler, AlbertModel a pooler. ALBERT's blocks share their weights (num_hidden_groups),
-        # which is not modelled: every layer is counted as its own.
+        # ElectraModel has no pooler, AlbertModel a pooler and blocks that share their weights (_albert_layers).
         width = int(cfg.get("embedding_size") or cfg.get("hidden_size") or 0)
-        groups, layers = cfg.get("num_hidden_groups", 1), cfg.get("num_hidden_layers", 1)
-        if model_type == "albert" and isinstance(groups, int) and isinstance(layers, int) and groups < layers:
-            warnings.warn(f"ALBERT shares its blocks' weights ({layers} layers, num_hidden_groups {groups}), which "
-                          f"zerotune does not model: every layer is counted with weights of its own, so parameters, "
-                          f"optimizer states and gradient traffic read up to {layers // max(groups, 1)}x too large")
         return {**_hf_traits(cfg), **dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
                                           final_norm=False, head="pooler" if model_type == "albert" else "none",
-                                          embedding_size=width if width != cfg.get("hidden_size") else 0)}
+                                          embedding_size=width if width != cfg.get("hidden_size") else 0),
+                **(_albert_layers(cfg) if model_type == "albert" else {})}
     if model_type == "distilbert":
         return {**_hf_traits(cfg), **dict(embedding_norm=True, final_norm=False, head="none")}
     if model_type == "deberta-v2":

@@ -99,6 +99,9 @@ def _check(job: Job, cfg: DSConfig) -> None:
     if job.model.num_layers < cfg.pp_size:
         raise ValueError(f"pipeline stages {cfg.pp_size} exceed {job.model.name}'s {job.model.num_layers} layers; "
                          f"use at most one stage per layer")
+    if job.model.distinct_layers and cfg.pp_size > 1:
+        raise ValueError(f"{job.model.name}'s {job.model.num_layers} blocks share the weights of "
+                         f"{job.model.distinct_layers}, which pipeline stages cannot split; drop pipeline.stages")
     if cfg.train_micro_batch_size_per_gpu < 1 or cfg.gradient_accumulation_steps < 1:
         raise ValueError("train_micro_batch_size_per_gpu and gradient_accumulation_steps must be at least 1")
 

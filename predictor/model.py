@@ -174,6 +174,15 @@ class ModelSpec:
     any block's; it runs as one more attention (projections, scores, softmax, residual) at the stack's positions,
     on average over the blocks, as the one-stack description runs the encoder's and the decoder's blocks at their
     layer-weighted mean length (validate/profiled.py _encoder_decoder_tokens)."""
+    distinct_layers: int = 0
+    """Blocks with weights of their own where fewer than num_layers hold them and the rest run them again: ALBERT's
+    cross-layer sharing (Lan et al. 2020, sec. 3.1; transformers models/albert/modeling_albert.py AlbertTransformer
+    runs albert_layer_groups[int(i / (num_hidden_layers / num_hidden_groups))] for each of num_hidden_layers, every
+    group's inner_group_num layers each time), or a script's own loop over one block. num_layers counts the blocks
+    a token passes through (FLOPs, kernels, saved activations, ZeRO-3's hooks fire on every call); parameters,
+    gradients, optimizer states and their traffic are those of distinct_layers blocks. A shared weight's gradient
+    sums over its passes before autograd's AccumulateGrad runs once for it, so its hook fires, and its reduction
+    can start, only when backward has passed its first use. 0: every block holds its own."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -204,6 +213,10 @@ class ModelSpec:
         if not 0 <= self.cross_attention_layers <= self.num_layers:
             raise ValueError(f"model {self.name!r}: cross_attention_layers must be 0 to num_layers "
                              f"({self.num_layers}), got {self.cross_attention_layers}")
+        if not 0 <= self.distinct_layers <= self.num_layers or (self.distinct_layers and self.cross_attention_layers):
+            raise ValueError(f"model {self.name!r}: distinct_layers must be 0 (every block holds its own weights) or 1 "
+                             f"to num_layers ({self.num_layers}), without cross_attention_layers, got "
+                             f"{self.distinct_layers}")
         if self.embedding_size < 0:
             raise ValueError(f"model {self.name!r}: embedding_size must be 0 (the hidden width) or positive, got "
                              f"{self.embedding_size}")
@@ -238,6 +251,11 @@ class ModelSpec:
     def eager_upcast(self, element_bytes: int) -> Literal["none", "softmax", "scores"]:
         """attention_upcast where it changes anything: eager attention over activations narrower than fp32."""
         return self.attention_upcast if self.attention == "eager" and element_bytes < 4 else "none"
+
+    @property
+    def held_layers(self) -> int:
+        """Blocks whose weights the model holds (distinct_layers where they are shared, else num_layers)."""
+        return self.distinct_layers or self.num_layers
 
     def replace(self, **changes: object) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
@@ -342,7 +360,7 @@ class ModelSpec:
     def tensors(self) -> list[Tensor]:
         """Every trainable parameter tensor, shared (tied) tensors counted once."""
         t = self.embedding_tensors()
-        for layer in range(self.num_layers):
+        for layer in range(self.held_layers):
             t += self.layer_tensors(layer)
         return t + self.head_tensors()
 
@@ -354,7 +372,7 @@ class ModelSpec:
     @cached_property
     def num_trainable_params(self) -> int:
         """Parameters with gradients, master copies and optimizer states: all but the frozen ones."""
-        return (self.num_layers * self.num_trained_layer_params + self.num_trained_outer_params
+        return (self.held_layers * self.num_trained_layer_params + self.num_trained_outer_params
                 + self.adapter_params)
 
     @property

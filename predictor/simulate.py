@@ -72,9 +72,14 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
     n_dp = cfg.dp_size(job.cluster.world_size)
     bandwidth, latency = data_parallel_link(job, eff, cfg)
     num_layers = parts.layers
-    layer_params = m.num_layer_params / cfg.mp_size
+    # Blocks that share weights (ModelSpec.distinct_layers) gather a held block's worth over its passes, and their
+    # gradients are ready only after the last pass backward reaches, so they reduce after the blocks' backward.
+    held_share = m.held_layers / m.num_layers
+    layer_params = m.num_layer_params / cfg.mp_size * held_share
     # gathered: every parameter; reduced: the trainable ones (ModelSpec.frozen_layer_params), adapters in the blocks
-    trained_layer_params = (m.num_trained_layer_params + m.adapter_params / m.num_layers) / cfg.mp_size
+    trained_layer_params = (m.num_trained_layer_params + m.adapter_params / m.held_layers) / cfg.mp_size
+    shared_params = trained_layer_params * m.held_layers if m.distinct_layers else 0.0
+    trained_layer_params = 0.0 if m.distinct_layers else trained_layer_params
     trained_outer_params = m.num_trained_outer_params / cfg.mp_size
     p, g = DTYPE_BYTES[cfg.precision], DTYPE_BYTES[cfg.grad_precision]
     reduce_kind = grad_reduction(m, cfg).kind  # stages 1-2 all-reduce their buckets (zero_mechanics)
@@ -136,7 +141,7 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
     if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything: still one
-        left = bucket_elems + trained_outer_params  # call a bucket (reduce_independent_p_g_buckets_and_remove_grads)
+        left = bucket_elems + shared_params + trained_outer_params  # call a bucket (reduce_independent_p_g_buckets_and_remove_grads)
         calls = max(1, math.ceil(left / max(z.reduce_bucket_size_elems, 1)))
         _add(graph, "rs_last", "comm", comm(reduce_kind, left, calls), [compute_prev, reduce_prev])
     compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s

@@ -176,7 +176,7 @@ def _trace(model: ModelSpec, persistence_threshold: int, max_reuse_distance: int
             released_modules += 1
     fetched = [t.num_elems for t in tensors if t.num_elems > persistence_threshold]
     own_outer = len({_module_of(t) for t in tensors if t.layer < 0})
-    per_layer = model.hooked_modules_per_layer or (len(modules) - own_outer) / max(model.num_layers, 1) + 1
+    per_layer = model.hooked_modules_per_layer or (len(modules) - own_outer) / max(model.held_layers, 1) + 1
     outer = model.hooked_outer_modules or own_outer + 1
     return Zero3Trace(
         num_hooked_modules=round(model.num_layers * per_layer + outer),

@@ -503,10 +503,66 @@ def test_hf_config_of_electra_counts_its_factorized_embedding_and_its_forward_is
     assert micro_batch_flops(mlm, 2, 64, False).forward_flops == pytest.approx(counter.get_total_flops(), rel=1e-3)
 
 
-def test_hf_config_of_albert_warns_that_its_shared_blocks_are_counted_one_by_one(tmp_path: Path) -> None:
+def test_hf_config_of_albert_runs_every_layer_and_holds_its_groups_weights(tmp_path: Path) -> None:
+    """ALBERT shares its blocks' weights (Lan et al. 2020, sec. 3.1): albert-base-v2's 12 layers run one group's
+    weights, so it holds "12M" parameters (their Table 1) where 12 blocks of its own would be 89M. Counted one by
+    one until 2026-11-28 (with a warning): parameters, optimizer states and gradient traffic 7.6x too large."""
     config = {"model_type": "albert", "vocab_size": 30000, "embedding_size": 128, "hidden_size": 768,
               "num_hidden_layers": 12, "num_hidden_groups": 1, "num_attention_heads": 12, "intermediate_size": 3072,
               "max_position_embeddings": 512, "type_vocab_size": 2}
-    with pytest.warns(UserWarning, match=r"ALBERT shares its blocks' weights .* up to 12x too large"):
-        spec = load_model(str(_write_config(tmp_path, "albert", config)))
+    spec = load_model(str(_write_config(tmp_path, "albert", config)))
     assert spec.embedding_size == 128 and spec.head == "pooler"
+    assert (spec.num_layers, spec.distinct_layers, spec.held_layers) == (12, 1, 1)
+    assert spec.num_params == pytest.approx(12e6, rel=0.03)  # Lan et al. 2020, Table 1: ALBERT base, 12M
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from zerotune.predictor.flops import micro_batch_flops
+    with torch.device("meta"):
+        assert spec.num_params == sum(p.numel() for p in transformers.AlbertModel(
+            transformers.AlbertConfig(**config)).parameters())
+    # two groups of two layers each, run over 6 steps: 12 block passes, 4 blocks' weights
+    small = transformers.AlbertConfig(vocab_size=2000, embedding_size=64, hidden_size=128, num_attention_heads=4,
+                                      intermediate_size=512, num_hidden_layers=6, num_hidden_groups=2,
+                                      inner_group_num=2, max_position_embeddings=128,
+                                      attn_implementation="eager")  # torch's counter halves the CPU SDPA kernel's
+    mlm = load_model(str(_write_config(tmp_path, "albert-small", small.to_dict()))).replace(
+        head="lm", head_transform=True, head_bias=True, tied_embeddings=True)
+    assert (mlm.num_layers, mlm.distinct_layers) == (12, 4)
+    model = transformers.AlbertForMaskedLM(small)
+    assert mlm.num_params == sum(p.numel() for p in model.parameters())
+    ids = torch.randint(3, 2000, (2, 64))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    assert micro_batch_flops(mlm, 2, 64, False).forward_flops == pytest.approx(counter.get_total_flops(), rel=1e-3)
+
+
+def test_shared_blocks_cost_every_pass_and_hold_their_weights_once() -> None:
+    """ModelSpec.distinct_layers: against the same model with a block of weights per pass, compute and saved
+    activations are the same; parameters, optimizer states and ZeRO's gradient traffic are those of the held blocks;
+    pipeline stages, which would split the shared blocks, are refused in one line."""
+    from zerotune.predictor import DSConfig, Job, estimate
+    from zerotune.predictor.dsconfig import ZeroConfig
+    from zerotune.predictor.hardware import ClusterSpec
+    from zerotune.predictor.memory import estimate_memory
+    from zerotune.predictor.zero_mechanics import grad_reduction
+    shared = load_model("bert-base").replace(distinct_layers=1)
+    own = shared.replace(distinct_layers=0)
+    block = own.num_layer_params
+    assert own.num_params - shared.num_params == (own.num_layers - 1) * block
+    job = lambda m: Job(m, ClusterSpec(load_hardware("a100-80gb"), 1, 8), 512)  # noqa: E731
+    for stage in (0, 1, 2, 3):
+        cfg = DSConfig(train_micro_batch_size_per_gpu=8, precision="bf16", zero=ZeroConfig(stage=stage))
+        a, b = estimate(job(shared), cfg), estimate(job(own), cfg)
+        assert a.time.breakdown_s["forward"] == pytest.approx(b.time.breakdown_s["forward"], rel=1e-9)
+        assert a.memory.breakdown_bytes["activations"] == pytest.approx(b.memory.breakdown_bytes["activations"],
+                                                                        rel=1e-9)
+        assert a.time.breakdown_s["optimizer_step"] < b.time.breakdown_s["optimizer_step"]
+        assert a.memory.total_bytes < b.memory.total_bytes
+        if stage:
+            assert grad_reduction(shared, cfg).copy_bytes / grad_reduction(own, cfg).copy_bytes == pytest.approx(
+                shared.num_params / own.num_params, rel=1e-6)
+    piped = DSConfig(train_micro_batch_size_per_gpu=8, pp_size=2)
+    with pytest.raises(ValueError, match="share the weights of 1, which pipeline stages cannot split"):
+        estimate_memory(job(shared), piped)

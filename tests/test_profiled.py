@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -994,3 +995,84 @@ def test_a_factorized_embedding_is_read_at_its_own_width_and_the_blocks_at_their
     m = read_profiled(prefix, "hf-electra", 2).model
     assert (m.hidden_size, m.embedding_size, m.head, m.tied_embeddings) == (256, 128, "lm", True)
     assert m.num_params == sum(p.numel() for p in model.parameters())
+
+
+class _LoopedEncoder(torch.nn.Module):
+    """A universal-transformer-style encoder: one block's weights run PASSES times a forward."""
+
+    PASSES = 4
+
+    def __init__(self, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(1000, 64)
+        self.blocks = torch.nn.ModuleList([torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)])
+        self.head = torch.nn.Linear(64, 1000)
+        self.checkpointed = checkpointed
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids)
+        for _ in range(self.PASSES):
+            x = (torch.utils.checkpoint.checkpoint(self.blocks[0], x, use_reentrant=False) if self.checkpointed
+                 else self.blocks[0](x))
+        return self.head(x).float().logsumexp(-1).mean()
+
+
+def _site_counts(model: torch.nn.Module, blocks: torch.nn.Module, run: Callable[[], None],
+                 monkeypatch: pytest.MonkeyPatch, steps: int = 2) -> dict:
+    """The block call counts the profiling site records in the user's process over `steps` forward + backward (the
+    site wraps F.scaled_dot_product_attention for the process; monkeypatch puts it back after the test)."""
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        torch.nn.functional.scaled_dot_product_attention)
+    spec = importlib.util.spec_from_file_location("zt_site_shared", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    state = {"forward_calls": 0, "block_calls": 0, "inner_calls": 0, "block_forward_calls": 0,
+             "inner_forward_calls": 0, "in_forward": False, "inputs": None, "input_lengths": [], "step_start": 0.0,
+             "block_input": None, "block_saved_bytes": 0, "block_saved_calls": 0, "sdpa_calls": 0,
+             "sdpa_shapes": None, "sdpa_dropout_p": 0.0, "attention_matmul": None}
+    site._hooks(SimpleNamespace(module=model), state, blocks)
+    for _ in range(steps):
+        run()
+    return {k: state[k] for k in ("forward_calls", "block_calls", "inner_calls", "block_forward_calls",
+                                  "inner_forward_calls")}
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_blocks_that_share_weights_are_costed_per_pass_and_held_once(tmp_path: Path, checkpointed: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block run four times a forward (shared weights) had read as activation checkpointing (more than one call a
+    micro-step) and as one block; the site now tells calls inside the model's forward from backward's recomputes."""
+    model = _LoopedEncoder(checkpointed)
+    ids = torch.randint(0, 1000, (2, 32))
+    counts = _site_counts(model, model.blocks, lambda: model(ids).backward(), monkeypatch)
+    passes = _LoopedEncoder.PASSES
+    assert counts["forward_calls"] == 2 and counts["block_forward_calls"] == 2 * passes
+    # recomputed in backward: every pass but the first step's first, whose tensors the site's count of saved bytes
+    # holds itself (validate/profiled.py read_profiled)
+    assert counts["block_calls"] - counts["block_forward_calls"] == (2 * passes - 1 if checkpointed else 0)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "ids", "shape": [2, 32], "dtype": "int64"}], **counts)
+    run = read_profiled(prefix, "looped", 2)
+    assert run.activation_checkpointing == checkpointed
+    assert (run.model.num_layers, run.model.distinct_layers) == (passes, 1)
+    assert run.model.num_params == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.01)
+    assert any("shared weights" in line for line in run.read)
+
+
+def test_albert_runs_its_shared_layers_each_pass_and_holds_their_weights_once(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """AlbertForMaskedLM, 6 layers over 2 groups of 1: its config's layers run (FLOPs), its groups' weights held."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AlbertForMaskedLM(transformers.AlbertConfig(
+        vocab_size=3000, embedding_size=64, hidden_size=128, num_attention_heads=4, intermediate_size=512,
+        num_hidden_layers=6, num_hidden_groups=2, max_position_embeddings=128))
+    ids = torch.randint(0, 3000, (2, 32))
+    blocks = model.albert.encoder.albert_layer_groups
+    counts = _site_counts(model, blocks, lambda: model(input_ids=ids, labels=ids).loss.backward(), monkeypatch)
+    assert counts["block_forward_calls"] == counts["block_calls"] == 2 * 3  # the first group runs 3 of the 6 layers
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 32], "dtype": "int64"}], **counts)
+    run = read_profiled(prefix, "albert", 2)
+    assert not run.activation_checkpointing
+    assert (run.model.num_layers, run.model.distinct_layers) == (6, 2)
+    assert run.model.num_params == sum(p.numel() for p in model.parameters())

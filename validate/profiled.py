@@ -232,7 +232,7 @@ def _training(spec: ModelSpec, doc: Any, read: list[str]) -> ModelSpec:
     adapters, adapter_tensors = int(doc.get("adapter_params") or 0), int(doc.get("adapter_tensors") or 0)
     if not (frozen_blocks or frozen_outer or adapters):
         return spec
-    per_block = min(spec.num_layer_params, round(frozen_blocks / spec.num_layers))
+    per_block = min(spec.num_layer_params, round(frozen_blocks / spec.held_layers))
     spec = spec.replace(frozen_layer_params=per_block, frozen_outer_params=min(frozen_outer, spec.num_outer_params),
                         adapter_params=adapters, num_adapter_tensors=adapter_tensors)
     read.append(f"trainable parameters {int(doc.get('trainable_params') or 0):,}: frozen {frozen_blocks:,} in the blocks "
@@ -392,7 +392,16 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     spec = _training(spec if stand_in else _functional_head(spec, rank0, read), training, read)
     per_step = int(rank0.get("forward_calls") or 0)
     calls = max(int(rank0.get("block_calls") or 0), int(rank0.get("inner_calls") or 0))
-    recompute = per_step > 0 and calls >= RECOMPUTED_CALLS * per_step
+    in_forward = max(int(rank0.get("block_forward_calls") or 0), int(rank0.get("inner_forward_calls") or 0))
+    if in_forward and per_step:  # a site that tells the model's forward from backward's recomputes
+        # at least half the forward's calls run again in backward: the site's saved-tensor count of the first
+        # block's first call stores that call's tensors itself, so torch's non-reentrant checkpoint does not
+        # recompute it (one call short in the first step)
+        recompute = 2 * (calls - in_forward) >= in_forward
+        if not stand_in:
+            spec = _shared_blocks(spec, in_forward / per_step, read)
+    else:
+        recompute = per_step > 0 and calls >= RECOMPUTED_CALLS * per_step
     if not stand_in:
         spec = spec.replace(attention=_attention(rank0, read, assumed))
     if recompute:  # the block kept only its input for backward: the formula's full block is what it recomputes
@@ -412,6 +421,18 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")))
+
+
+def _shared_blocks(spec: ModelSpec, passes: float, read: list[str]) -> ModelSpec:
+    """The model with its blocks run `passes` times each a forward where the first block ran more than once inside
+    the model's forward (a loop over shared weights, ModelSpec.distinct_layers), unless its config said so already
+    (ALBERT's num_hidden_groups)."""
+    if spec.distinct_layers or spec.cross_attention_layers or round(passes) < 2:
+        return spec
+    layers = round(spec.num_layers * passes)
+    read.append(f"the first block ran {passes:g} times a forward: {layers} block passes over the weights of "
+                f"{spec.num_layers} (shared weights)")
+    return spec.replace(num_layers=layers, distinct_layers=spec.num_layers)
 
 
 def _subnormal_logits(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]) -> ModelSpec:

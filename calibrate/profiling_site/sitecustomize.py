@@ -6,7 +6,8 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   no zerotune package name enters the user's process);
 - every rank writes <out>.rank<R>.json after each optimizer step: the first micro-batch's input shapes and the
   first block's input shape (forward pre-hooks), forward calls of the first block and of its first module with
-  parameters per micro-step (2 when activation checkpointing recomputes it in backward), the bytes the first
+  parameters, all and those inside the model's forward (more than one a micro-step there: blocks that share
+  weights; the rest are activation checkpointing's recomputes in backward), the bytes the first
   block keeps for backward in its first forward (saved-tensor hooks; for a model without a repeated block, the
   whole model's, and its first forward's FLOPs), calls to scaled_dot_product_attention and their dropout, wall
   seconds per optimizer step and the peak memory so far (CPU: peak resident set size, getrusage; accelerators:
@@ -107,6 +108,7 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
 
     def pre_forward(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         state["forward_calls"] += 1
+        state["in_forward"] = True
         state["step_start"] = state["step_start"] or time.perf_counter()
         if state["inputs"] is not None and len(state["input_lengths"]) >= MAX_LENGTHS:
             return
@@ -118,10 +120,14 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
                    None)
         if ids is not None and len(state["input_lengths"]) < MAX_LENGTHS:
             state["input_lengths"].append(int(ids[1]))
+    def post_forward(*_: Any) -> None:
+        state["in_forward"] = False
     engine.module.register_forward_pre_hook(pre_forward, with_kwargs=True)
+    engine.module.register_forward_hook(post_forward)
     if blocks is not None:
         def count(_module: Any, args: tuple[Any, ...]) -> None:
             state["block_calls"] += 1
+            state["block_forward_calls"] += bool(state.get("in_forward"))  # not a recompute in backward
             if state.get("block_input") is None:
                 state["block_input"] = _shapes(args[:1], {})
         blocks[0].register_forward_pre_hook(count)
@@ -130,6 +136,7 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
         if inner is not None:  # a script that checkpoints inside its block (torch.utils.checkpoint of a method)
             def count_inner(*_: Any) -> None:  # recomputes this module without calling the block again
                 state["inner_calls"] += 1
+                state["inner_forward_calls"] += bool(state.get("in_forward"))
             inner.register_forward_pre_hook(count_inner)
         _count_saved(engine.module, blocks[0], state, "block")
     else:  # no repeated block to read: what the whole model costs per sample stands in for its structure
@@ -398,7 +405,8 @@ def _watch_logits_gradients(state: dict[str, Any]) -> None:
 def _attach(engine: Any) -> None:
     rank = int(getattr(engine, "global_rank", 0))
     state: dict[str, Any] = {"rank": rank, "inputs": None, "input_lengths": [], "block_input": None, "forward_calls": 0,
-                             "block_calls": 0, "inner_calls": 0,
+                             "block_calls": 0, "inner_calls": 0, "block_forward_calls": 0, "inner_forward_calls": 0,
+                             "in_forward": False,
                              "sdpa_calls": 0, "sdpa_shapes": None, "attention_matmul": None,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
                              "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
