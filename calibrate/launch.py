@@ -147,6 +147,11 @@ def allreduce_times_s(stdout: str) -> tuple[float, ...]:
     return tuple(float(m.group(1)) / 1e3 for m in _ALLREDUCE_LINE.finditer(stdout))
 
 
+def forward_times_s(stdout: str) -> tuple[float, ...]:
+    """The engine's fwd timer, seconds per optimizer step (its micro-steps' forwards summed), in order, as printed."""
+    return tuple(float(m.group(1)) / 1e3 for m in _TIMER_LINE.finditer(stdout))
+
+
 def step_phase_times_s(stdout: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(the engine's step timer, ZeRO's optimizer_step timer) seconds per optimizer step, in order, as printed;
     the second is empty for ZeRO-0, whose engine times the optimizer's step only as a whole."""

@@ -37,7 +37,7 @@ from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook
 __all__ = ["TimeEstimate", "Collective", "estimate_time", "step_time_columns", "Batch", "collective_s", "data_parallel_collectives",
            "compute_times", "stage_parts", "StageParts", "data_parallel_link", "intra_node_link", "last_micro_step_exposed",
            "TIME_TERMS", "tensor_parallel_allreduce_s", "CROSS_ENTROPY_ALLREDUCES", "pipeline_stages",
-           "optimizer_update_s"]
+           "optimizer_update_s", "forward_device_host_s"]
 
 TIME_TERMS = ("forward", "backward", "recompute", "pipeline_bubble", "pipeline_p2p", "exposed_comm", "tensor_parallel_comm",
               "optimizer_step", "offload", "overhead")
@@ -203,6 +203,13 @@ def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch
     if isinstance(micro_batch, np.ndarray):
         return tuple(c.reshape(np.shape(micro_batch)) for c in columns)
     return tuple(float(c[0]) for c in columns)
+
+
+def forward_device_host_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
+    """(device, host) seconds of one micro-step's forward on the busiest stage at cfg's micro-batch: its kernels'
+    time on the device and the host's launches of them (kernel_launch_s each), forward's tail included in both."""
+    columns = _stage_op_times(job, cfg, eff, cfg.train_micro_batch_size_per_gpu)
+    return float(columns[0]), float(columns[3])
 
 
 def _exposed(comm_s: float, window_s: Batch, last_bucket_s: float, overlap: bool, eff: Efficiency) -> Batch:

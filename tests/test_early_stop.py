@@ -165,3 +165,8 @@ def test_the_step_phase_and_zero_update_timers_come_from_the_engines_lines() -> 
     steps, updates = step_phase_times_s(zero1)
     assert steps == pytest.approx((0.00419, 0.002)) and updates == pytest.approx((0.06236,))
     assert step_phase_times_s(TIMER_LINES)[1] == ()  # ZeRO-0: no update timer of its own
+
+
+def test_the_forward_timer_comes_from_the_global_lines_not_the_micro_step_ones() -> None:
+    from zerotune.calibrate.launch import forward_times_s
+    assert forward_times_s(TIMER_LINES) == pytest.approx((0.00238, 0.002))  # fwd_microstep's line is not a step's

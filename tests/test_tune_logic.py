@@ -885,3 +885,47 @@ def test_the_profiling_runs_timed_all_reduce_paces_the_link() -> None:
     assert allreduce_paced(model, job, [z1_run], replace(settings, profiled_allreduce_s=predicted / 2),
                            lines.append) == model
     assert allreduce_paced(model, job, [run], settings, lines.append) == model
+
+def test_the_profiling_runs_timed_forward_paces_the_hosts_kernel_launches() -> None:
+    """DeBERTa-v2-xlarge's classifier on one H200 (data/measurements/gpu_grid/h200_shapes_grid.jsonl, 2026-11-27):
+    at micro-batch 1 under ZeRO-1 DeepSpeed's fwd timer read 55.7 ms, against 7.2 ms of predicted device time and
+    23.8 ms of kernel launches at the catalog's 23 us: the host paced it. Paced by it, the same model's ZeRO-1 step
+    at micro-batch 8 (226.4 ms measured, 157 predicted before: -30%) comes to -13%; the CPU, ZeRO-3 and a forward the
+    device bounds with the host no slower leave the model as it was."""
+    from dataclasses import replace
+    from benchmarks.gpu_grid import read_grid
+    from zerotune.predictor import Efficiency, estimate
+    from zerotune.predictor.rank import Uncertainty
+    from zerotune.predictor.step_time import forward_device_host_s
+    from zerotune.validate.calibration import Calibration, HOST_BOUND_MARGIN, host_paced
+    grid = Path(__file__).resolve().parent.parent / "data" / "measurements" / "gpu_grid" / "h200_shapes_grid.jsonl"
+    rows = {(m.model.rsplit("/", 1)[-1], m.config.zero.stage, m.config.train_micro_batch_size_per_gpu): m
+            for _, m in read_grid(grid) if m.status == "ok"}
+    profiled, later = rows[("deberta-v2-xlarge-cls.yaml", 1, 1)], rows[("deberta-v2-xlarge-cls.yaml", 1, 8)]
+    job = build_job(profiled.model, "h200", 1, 1, profiled.seq_len)
+    model = Calibration(Efficiency(), Uncertainty())
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, profiled.model,
+                            "h200", 1, profiled_forward_s=0.0557)
+    device, host = forward_device_host_s(job, profiled.config, model.efficiency)
+    assert 0.0557 > HOST_BOUND_MARGIN * device and host < 0.0557
+    lines: list[str] = []
+    paced = host_paced(model, job, [profiled], settings, lines.append)
+    assert paced.efficiency.kernel_launch_s == pytest.approx(job.cluster.hardware.kernel_launch_s * 0.0557 / host)
+    assert "the host paced it" in lines[0]
+    before, after = (estimate(job, later.config, m.efficiency).time.step_s / later.measured_step_s
+                     for m in (model, paced))
+    assert before < 0.75 and after == pytest.approx(1.0, abs=0.15)  # 0.70 -> 0.87
+    # no timer, ZeRO-3's forward (its hooks' fetches), or the CPU (the host runs the kernels): unchanged
+    assert host_paced(model, job, [profiled], replace(settings, profiled_forward_s=None), lines.append) == model
+    z3 = replace(profiled, config=profiled.config.replace(zero=replace(profiled.config.zero, stage=3)))
+    assert host_paced(model, job, [z3], settings, lines.append) == model
+    cpu = build_job(profiled.model, "cpu", 1, 1, profiled.seq_len)
+    assert host_paced(model, cpu, [replace(profiled, hardware="cpu")], settings, lines.append) == model
+    # device-bound (micro-batch 8: fwd timer 52.3 ms, 43.4 predicted on the device, 23.8 launching): unchanged; a
+    # host predicted slower than the whole forward is lowered to it
+    bound = replace(settings, profiled_forward_s=0.0523)
+    assert host_paced(model, job, [later], bound, lines.append) == model
+    slow_host = Calibration(Efficiency(kernel_launch_s=4 * job.cluster.hardware.kernel_launch_s), Uncertainty())
+    lowered = host_paced(slow_host, job, [later], bound, lines.append)
+    assert lowered.efficiency.kernel_launch_s < slow_host.efficiency.kernel_launch_s
+    assert "the host took no longer" in lines[-1]

@@ -12,13 +12,13 @@ from typing import Callable, Mapping, Sequence
 from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile, profile_measurements
 from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import Efficiency, Job, estimate, load_hardware
-from zerotune.predictor.step_time import optimizer_update_s
+from zerotune.predictor.step_time import forward_device_host_s, optimizer_update_s
 from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
 __all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "cache_gain", "update_paced",
-           "allreduce_paced", "MODEL_TRANSFER_REL", "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
+           "allreduce_paced", "host_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL", "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
 
 
 @dataclass(frozen=True)
@@ -238,6 +238,44 @@ def allreduce_paced(model: Calibration, job: Job, initial: Sequence[Measurement]
     eff = model.efficiency
     return replace(model, efficiency=replace(eff, intra_node_bandwidth_efficiency=eff.intra_node_bandwidth_efficiency
                                              * ratio))
+
+
+HOST_BOUND_MARGIN = 1.5
+"""A forward timed more than this over its kernels' predicted device time waited on the host. The device-bound
+forwards of this project's GPU grids (ZeRO 0-2, predicted device time above 1.5x the host's; 100 rows on the H200,
+H200-shapes and H100 grids, data/measurements/gpu_grid) timed 0.81-1.44x their predicted device time."""
+
+
+def host_paced(model: Calibration, job: Job, initial: Sequence[Measurement], settings: TuneSettings,
+               log: Callable[[str], None]) -> Calibration:
+    """The model with the host's seconds per kernel (kernel_launch_s) scaled to the profiling run's forward where
+    DeepSpeed's fwd timer shows the host paced it: the timer synchronizes the device at both ends
+    (utils/timer.py SynchronizedWallClockTimer), so a forward timed beyond HOST_BOUND_MARGIN x its kernels' device
+    time took the host's time to launch them, and the same script's kernels take that host time at any micro-batch
+    (their count does not grow with it). Where it was device-bound, the host took no longer than the forward: a
+    catalog pace above that is lowered to it. The catalog's figure is one NVIDIA default (chosen on vTrain's A100
+    runs); Hugging Face models' Python around their kernels runs 1.5-2.6x it on the H200 shapes grid's micro-batch-1
+    forwards (BERT-base 8.4 ms timed against 5.7 predicted, DeBERTa-v2-xlarge 62.0 against 23.8), and those rows'
+    step times were predicted 27-59% fast. GPUs only (on DeepSpeed's CPU accelerator the host runs the kernels
+    itself: paced() and update_paced() time it); not at ZeRO-3, whose forward timer also holds the hooks'
+    fetches, nor with pipeline stages, whose engine times a forward per instruction. Clipped at MAX_PACE_RATIO."""
+    timed = next((m for m in initial if m.status == "ok"), None)  # the profiling run's measurement
+    forward = settings.profiled_forward_s
+    if timed is None or forward is None or forward <= 0 or not job.cluster.hardware.comm_compute_overlap \
+            or timed.config.zero.stage == 3 or timed.config.pp_size > 1:
+        return model
+    eff = model.efficiency
+    device, host = forward_device_host_s(measured_job(job, timed), timed.config, eff)
+    per_micro = forward / timed.config.gradient_accumulation_steps  # the timer sums the step's micro-steps
+    if per_micro <= HOST_BOUND_MARGIN * device and host <= per_micro:
+        return model  # device-bound, and the host no slower than the forward: its pace cannot be read
+    ratio = _clip_pace(per_micro / host)
+    launch = job.cluster.hardware.kernel_launch_s if eff.kernel_launch_s is None else eff.kernel_launch_s
+    how = "the host paced it" if per_micro > HOST_BOUND_MARGIN * device else "the host took no longer"
+    log(f"zerotune tune: the forward took {per_micro * 1e3:.4g} ms a micro-step in the profiling run (DeepSpeed's fwd "
+        f"timer) against {device * 1e3:.4g} ms of predicted device time and {host * 1e3:.4g} of kernel launches "
+        f"({how}): {launch * 1e6:.3g} -> {launch * ratio * 1e6:.3g} us of host time a kernel")
+    return replace(model, efficiency=replace(eff, kernel_launch_s=launch * ratio))
 
 
 def _clip_pace(ratio: float) -> float:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from zerotune.calibrate.launch import RunResult, allreduce_times_s, launch, step_phase_times_s, tail_text
+from zerotune.calibrate.launch import (RunResult, allreduce_times_s, forward_times_s, launch, step_phase_times_s,
+                                      tail_text)
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import DSConfig
 from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
@@ -84,6 +85,8 @@ class ProfileOutcome:
     out_of_memory: Measurement | None = None
     """The first try's configuration, out of memory, when the profiling run had to try again at a higher ZeRO stage
     (profile_model): an OOM the search starts from, as if an experiment had run it."""
+    forward_s: float | None = None
+    """The engine's fwd timer, the same way as step_phase_s (TuneSettings.profiled_forward_s)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -253,22 +256,22 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    step_phase, update, reduced = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
+    step_phase, update, reduced, forward = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
     oom = None if out_of_memory is None else Measurement(
         model=str(path), hardware=settings.hardware, num_nodes=settings.num_nodes, num_gpus_per_node=settings.num_gpus,
         seq_len=measured_seq_len, status="oom", source=str(first_dir),
         reason="zerotune tune's profiling run, out of memory", config=as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, out_of_memory), as_run))
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
-                          step_phase, update, reduced, profiled.copy_curve, oom)
+                          step_phase, update, reduced, profiled.copy_curve, oom, forward)
 
 
-def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None]:
-    """(DeepSpeed's step timer, ZeRO's optimizer_step timer, the engine's bwd_allreduce timer): medians of the last
-    `window` printed values (the measuring window, as window_step_s takes the step times), None where the engine
-    printed none."""
+def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None, float | None]:
+    """(DeepSpeed's step timer, ZeRO's optimizer_step timer, the engine's bwd_allreduce timer, its fwd timer): medians
+    of the last `window` printed values (the measuring window, as window_step_s takes the step times), None where the
+    engine printed none."""
     stdout = tail_text(run.run_dir / "stdout.log")
-    printed = (*step_phase_times_s(stdout), allreduce_times_s(stdout))
+    printed = (*step_phase_times_s(stdout), allreduce_times_s(stdout), forward_times_s(stdout))
     return tuple(statistics.median(v[-max(window, 1):]) if v else None for v in printed)  # type: ignore[return-value]
 
 

@@ -92,6 +92,8 @@ class TuneSettings:
     profiled_allreduce_s: float | None = None
     """DeepSpeed's bwd_allreduce timer in the profiling run, the same way (zerotune.validate.calibration.
     allreduce_paced)."""
+    profiled_forward_s: float | None = None
+    """DeepSpeed's fwd timer in the profiling run, the same way (zerotune.validate.calibration.host_paced)."""
 
 
 @dataclass(frozen=True)
