@@ -66,10 +66,35 @@ def _block_lists(model: nn.Module) -> list[tuple[str, nn.Module]]:
                 continue
         elif not isinstance(mod, nn.Sequential) or len(mod) < 2 or not any(True for _ in mod[0].children()):
             continue
-        if len({type(m) for m in mod}) == 1 and any(isinstance(m, (nn.Linear, nn.MultiheadAttention))
-                                                    for m in mod[0].modules()):
-            out.append((name, mod))
+        if len({type(m) for m in mod}) == 1 and len({_width_or_none(m) for m in mod}) == 1 \
+                and any(isinstance(m, (nn.Linear, nn.MultiheadAttention)) for m in mod[0].modules()):
+            out.append((name, mod))  # modules of one class and one width (Swin's stages widen: not repeated blocks)
     return out
+
+
+def _width_or_none(block: nn.Module) -> int | None:
+    try:
+        return _block_width(block)
+    except LookupError:
+        return None
+
+
+def _hierarchical(model: nn.Module) -> list[tuple[str, int]] | None:
+    """(name, width) of each stack where the model's stacks of repeated blocks run at different widths (Swin's stages
+    halve the tokens and double the width between them: transformers models/swin SwinStage), which no one block and
+    sequence describe; None otherwise. Stacks inside another stack's blocks (an MLP's list of layers) are not
+    counted, nor stacks whose width cannot be read; nn.Transformer's encoder and decoder share theirs."""
+    lists = _block_lists(model)
+    inside = {id(m) for _, stack in lists for block in stack for m in block.modules() if m is not block}
+    widths = []
+    for name, stack in lists:
+        if id(stack) in inside:
+            continue
+        try:
+            widths.append((name, _block_width(stack[0])))
+        except LookupError:
+            continue
+    return widths if len({w for _, w in widths}) > 1 else None
 
 
 def find_blocks(model: nn.Module) -> tuple[str, nn.Module] | None:
@@ -304,6 +329,10 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     if found is None:
         raise LookupError("no repeated block (an nn.ModuleList or nn.Sequential of identical modules with linear "
                           "layers)")
+    stages = _hierarchical(model)
+    if stages:
+        raise LookupError("stacks of repeated blocks at different widths (" + ", ".join(
+            f"{name} {width}" for name, width in stages) + "): a hierarchical model no one block describes")
     name, blocks = found
     tokens, others = _embeddings(model, blocks)
     notes["read"].append(f"{len(blocks)} x {type(blocks[0]).__name__} at {name or 'the model'}")
@@ -421,8 +450,11 @@ HF_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
 
 
 def readable(doc: dict[str, Any]) -> bool:
-    """Whether describe's output describes a transformer: its structure was read, or its config has a width."""
-    return bool(doc.get("structure")) or any((doc.get("hf_config") or {}).get(k) for k in HF_WIDTH_KEYS)
+    """Whether describe's output describes a transformer: its structure was read, or its config has a width and a
+    vocabulary (a config without one, a ViT's or Swin's, describes a model only through the structure of its
+    modules: zerotune.validate.profiled)."""
+    config = doc.get("hf_config") or {}
+    return bool(doc.get("structure")) or (any(config.get(k) for k in HF_WIDTH_KEYS) and bool(config.get("vocab_size")))
 
 
 def describe(model: nn.Module) -> dict[str, Any]:

@@ -1076,3 +1076,37 @@ def test_albert_runs_its_shared_layers_each_pass_and_holds_their_weights_once(tm
     assert not run.activation_checkpointing
     assert (run.model.num_layers, run.model.distinct_layers) == (6, 2)
     assert run.model.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_a_hierarchical_vision_model_is_described_by_a_stand_in_of_its_measured_costs(tmp_path: Path) -> None:
+    """SwinForImageClassification: its stages widen (32 -> 64 here; swin-tiny 96 -> 768) while the tokens shrink, so no
+    one block describes it. Its ModuleList of stages had been read as two repeated blocks 32 wide, 75% of its
+    parameters unseen; the stages are not repeated blocks now (their shapes differ), the stacks of blocks inside them
+    run at two widths, and the site measures the whole model's forward FLOPs and kept bytes, which the stand-in
+    reproduces with the model's parameter count."""
+    transformers = pytest.importorskip("transformers")
+    from zerotune.calibrate.inspect_model import readable
+    from zerotune.predictor.activations import layer_activation_bytes
+    from zerotune.predictor.flops import layer_forward_flops
+    model = transformers.SwinForImageClassification(transformers.SwinConfig(
+        image_size=64, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4))
+    doc = describe(model)
+    assert doc["structure"] is None and "different widths" in doc["error"] and not readable(doc)
+    spec = importlib.util.spec_from_file_location("zt_site_swin", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    state = {"model_saved_bytes": 0, "model_saved_calls": 0, "model_forward_flops": 0}
+    site._count_saved(model, model, state, "model")
+    site._count_flops(model, state)
+    images = torch.randn(2, 3, 64, 64)
+    model(pixel_values=images, labels=torch.tensor([0, 1])).loss.backward()
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "pixel_values", "shape": [2, 3, 64, 64], "dtype": "float32"}],
+                   stand_in=True, train_micro_batch_size_per_gpu=2, **state)
+    run = read_profiled(prefix, "swin", 2)
+    counted = sum(p.numel() for p in model.parameters())
+    assert run.model.num_params == pytest.approx(counted, rel=0.01)  # whole blocks: rounding only
+    per_sample = run.model.num_layers * layer_forward_flops(run.model, 1, run.seq_len)
+    assert per_sample == pytest.approx(state["model_forward_flops"] / 2, rel=0.03)
+    kept = run.model.num_layers * layer_activation_bytes(run.model, 2, run.seq_len, 4)
+    assert kept == pytest.approx(state["model_saved_bytes"], rel=1e-3)
