@@ -1110,3 +1110,4 @@ def test_a_hierarchical_vision_model_is_described_by_a_stand_in_of_its_measured_
     assert per_sample == pytest.approx(state["model_forward_flops"] / 2, rel=0.03)
     kept = run.model.num_layers * layer_activation_bytes(run.model, 2, run.seq_len, 4)
     assert kept == pytest.approx(state["model_saved_bytes"], rel=1e-3)
+    assert any("stacks of repeated blocks at different widths" in line for line in run.read)  # why, in one line

@@ -146,7 +146,9 @@ def _spec(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, seq
     structure = model_doc.get("structure")
     # a config without a vocabulary (ViTConfig) cannot describe a model the modules show has no token embedding
     tokenless = bool(structure) and structure.get("vocab_size") == 0 and not (hf or {}).get("vocab_size")
-    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not tokenless:
+    # a config describes the model with a vocabulary, or with the modules' structure beside it (inspect_model.readable)
+    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not tokenless \
+            and (structure or hf.get("vocab_size")):
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
         assumed.clear()  # what the module reading had to assume (heads, positions), the config states
         spec = model_from_hf_dict(hf, name, "")
