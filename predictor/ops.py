@@ -38,7 +38,8 @@ from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
-           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS"]
+           "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS",
+           "MHA_CROSS_RW_ELEMS"]
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
@@ -67,6 +68,15 @@ sums of their gradients into the packed one, 18; seven copies back to contiguous
 out-projections' bias gradients, 4), batch-first 55 (a copy back to the batch-first layout, 3), where the
 split-projection block ran 10 (the four bias gradients, 4; the sums of the q, k and v input gradients, 6), which the
 step model leaves to its calibration in every model alike."""
+MHA_CROSS_RW_ELEMS = {"batch_first": ((7.0, 7.0, 5), (16.8, 15.8, 12)),
+                      "sequence_first": ((2.0, 2.0, 1), (12.8, 13.8, 10))}
+"""The same for nn.MultiheadAttention over a memory (nn.TransformerDecoderLayer's multihead_attn: query from the
+block, key and value one memory tensor), against a split-projection cross-attention (q from the block, k and v from
+the memory, scaled_dot_product_attention), counted alike with as many memory positions as query positions, in
+elements of the hidden state per query token. The packed projection runs as q's linear and one k-v linear
+(_in_projection_packed's key-is-value branch), so forward copies only the k-v output into its (2, S, N, E) layout
+(sequence-first, 2 and 2), batch-first also the two inputs' transposed copies and the biases added apart; backward
+zero-fills, sums and copies the slices' gradients back as for self-attention, over two slices, not three."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +412,10 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     # the norm, the heads' merge, the residual add and dropout; the GEMMs' input and weight gradients
     kernels_f, kernels_b = gemms + 2 + nk_f + drop + s_k, 2 * gemms + 2 + nk_b + drop + s_k
     fwd += pair + drop * _mask_draws(hidden, rates)
+    if model.torch_multihead_attention != "none":  # nn.MultiheadAttention's layout copies (MHA_CROSS_RW_ELEMS)
+        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_CROSS_RW_ELEMS[model.torch_multihead_attention]
+        fwd, bwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates), bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
+        kernels_f, kernels_b = kernels_f + k_f, kernels_b + k_b
     return (sum(x[0] for x in parts) + fwd + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
             kernels_b, sum(x[2] for x in parts))
 

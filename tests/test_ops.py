@@ -13,7 +13,7 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import MHA_RW_ELEMS, _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.ops import MHA_CROSS_RW_ELEMS, MHA_RW_ELEMS, _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -401,6 +401,38 @@ def test_multihead_attention_layout_traffic_is_what_torch_runs(layout: str) -> N
     assert (mha_b - split_b) / unit == pytest.approx(r_b + w_b, rel=0.1)
 
 
+@pytest.mark.parametrize("layout", ["batch_first", "sequence_first"])
+def test_multihead_attention_over_a_memory_layout_traffic_is_what_torch_runs(layout: str) -> None:
+    # nn.TransformerDecoderLayer's second attention: queries from the block, keys and values one memory tensor (as
+    # long here), against the split-projection cross-attention: ops.MHA_CROSS_RW_ELEMS, within 10%.
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    n, s, e, h = 4, 64, 128, 4
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(e, h, dropout=0.0, batch_first=layout == "batch_first")
+    q, k, v, o = (nn.Linear(e, e) for _ in range(4))
+    shape = (n, s, e) if layout == "batch_first" else (s, n, e)
+
+    def split(x):  # type: ignore[no-untyped-def]
+        def heads(t):  # type: ignore[no-untyped-def]
+            return t.view(n, s, h, e // h).transpose(1, 2)
+        memory = split.memory
+        out = torch.nn.functional.scaled_dot_product_attention(heads(q(x)), heads(k(memory)), heads(v(memory)))
+        return o(out.transpose(1, 2).reshape(n, s, e))
+
+    def cross(x):  # type: ignore[no-untyped-def]
+        return mha(x, cross.memory, cross.memory, need_weights=False)[0]
+
+    unit = n * s * e * 4
+    cross.memory = torch.randn(*shape, requires_grad=True)
+    split.memory = torch.randn(n, s, e, requires_grad=True)
+    mha_f, mha_b = _eager_bytes(torch, cross, torch.randn(*shape, requires_grad=True))
+    split_f, split_b = _eager_bytes(torch, split, torch.randn(n, s, e, requires_grad=True))
+    (r_f, w_f, _), (r_b, w_b, _) = MHA_CROSS_RW_ELEMS[layout]
+    assert (mha_f - split_f) / unit == pytest.approx(r_f + w_f, rel=0.1)
+    assert (mha_b - split_b) / unit == pytest.approx(r_b + w_b, rel=0.1)
+
+
 def test_multihead_attention_costs_its_layout_copies() -> None:
     # The same block with nn.MultiheadAttention's layout costs its traffic on top, both ways, and nothing else.
     model = load_model("bert-base")
@@ -413,3 +445,23 @@ def test_multihead_attention_costs_its_layout_copies() -> None:
         assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * (r_b + w_b) * pace, rel=1e-9)
         assert (mha.forward_kernels - plain.forward_kernels, mha.backward_kernels - plain.backward_kernels) == (k_f, k_b)
         assert mha.forward_flops == plain.forward_flops
+
+
+def test_multihead_attention_over_a_memory_costs_its_layout_copies_in_the_cross_attention_blocks() -> None:
+    # Every block a decoder's (cross_attention_layers = num_layers): the self-attention's copies and the
+    # cross-attention's on top of the same blocks built of split projections.
+    model = load_model("bert-base")
+    model = model.replace(cross_attention_layers=model.num_layers)
+    rates = device_rates(load_hardware("cpu"), "fp32", Efficiency())
+    elems, pace = 8 * 128 * model.hidden_size, 4 / rates.memory_bytes_per_s
+    plain = layer_times(model, 8, 128, 1, rates)
+    for layout in MHA_RW_ELEMS:
+        (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_RW_ELEMS[layout]
+        (x_rf, x_wf, x_kf), (x_rb, x_wb, x_kb) = MHA_CROSS_RW_ELEMS[layout]
+        mha = layer_times(model.replace(torch_multihead_attention=layout), 8, 128, 1, rates)
+        assert float(mha.forward_s - plain.forward_s) == pytest.approx(elems * (r_f + w_f + x_rf + x_wf) * pace,
+                                                                       rel=1e-9)
+        assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * (r_b + w_b + x_rb + x_wb) * pace,
+                                                                         rel=1e-9)
+        assert (mha.forward_kernels - plain.forward_kernels, mha.backward_kernels - plain.backward_kernels) == \
+            (k_f + x_kf, k_b + x_kb)
