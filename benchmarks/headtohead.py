@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.headtohead", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one tiny job, fewest steps (CI)")
     p.add_argument("--jobs", help="comma list of jobs (default: builtin,wide,latency,uncalibrated; --quick: quick; "
-                                       "users' scripts: encoder,decoder,vit,hfloop,cnn)")
+                                       "users' scripts: encoder,decoder,vit,hfloop,cnn,albert)")
     p.add_argument("--out", type=Path, default=Path("headtohead_results"), help="folder for every run and the table")
     p.add_argument("--repeats", type=int, default=MIN_REPEATS, help="re-measurements of each choice (>= 3)")
     p.add_argument("--grid", choices=("auto", "skip"), default="auto",
