@@ -226,6 +226,21 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         raise ValueError(f"{path}: {exc}") from None
 
 
+def _opt_projection(cfg: dict[str, Any]) -> dict[str, Any]:
+    """OPT's narrower token table (word_embed_proj_dim: opt-350m's 512 under blocks 1024 wide, DeepSpeed-Chat's
+    reward model): project_in widens the embeddings to the blocks, project_out narrows the last block's output back
+    to the tied vocabulary projection (transformers models/opt/modeling_opt.py OPTDecoder), as a factorized embedding
+    and its head's transform describe them; a post-LN OPT (do_layer_norm_before false, opt-350m) has no final norm.
+    Their biases and the transform's norm (neither in OPT: 2.5k of opt-350m's 331M parameters) and OPT's position
+    table at the blocks' width ((2048 + 2) x 512 more than the model counts, 0.3%) are not told apart."""
+    width, proj = cfg.get("hidden_size"), cfg.get("word_embed_proj_dim")
+    out: dict[str, Any] = {"final_norm": bool(cfg.get("do_layer_norm_before", True))
+                           and not cfg.get("_remove_final_layer_norm", False)}
+    if isinstance(proj, int) and isinstance(width, int) and 0 < proj != width:
+        out.update(embedding_size=proj, head_transform=True)
+    return out
+
+
 def _albert_layers(cfg: dict[str, Any]) -> dict[str, int]:
     """ALBERT's blocks a token passes through and those holding weights (ModelSpec.distinct_layers): AlbertTransformer
     runs num_hidden_layers groups, group int(i / (num_hidden_layers / num_hidden_groups)) at step i, and each group
@@ -358,6 +373,8 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return {**_hf_traits(cfg), "norm": "rmsnorm", "qkv_bias": False, "out_bias": False, "mlp_bias": False,
                 "gated_mlp": str(cfg.get("feed_forward_proj", "relu")).startswith("gated"),
                 "tied_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+    if model_type == "opt":
+        return {**_hf_traits(cfg), **_opt_projection(cfg)}
     if model_type not in (*_LLAMA_LINEAGE, "gpt_neo", "bert", "roberta", "distilbert", "deberta-v2", "electra",
                           "albert"):
         return _hf_traits(cfg)

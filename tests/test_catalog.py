@@ -566,3 +566,30 @@ def test_shared_blocks_cost_every_pass_and_hold_their_weights_once() -> None:
     piped = DSConfig(train_micro_batch_size_per_gpu=8, pp_size=2)
     with pytest.raises(ValueError, match="share the weights of 1, which pipeline stages cannot split"):
         estimate_memory(job(shared), piped)
+
+
+def test_hf_config_of_opt_350m_narrows_its_token_table_and_logits(tmp_path: Path) -> None:
+    """facebook/opt-350m (DeepSpeed-Chat's reward model): a 512-wide token table under 1024-wide blocks, project_in and
+    project_out between them, post-LN without a final norm. Read as a table at the blocks' width it came out 7.5% over
+    OPTForCausalLM's 331,196,416 parameters (transformers 5.24) and its logits GEMM twice as wide; now within 0.5%,
+    and a small post-LN OPT's forward FLOPs are torch's FlopCounterMode count."""
+    config = {"model_type": "opt", "vocab_size": 50272, "hidden_size": 1024, "num_hidden_layers": 24,
+              "num_attention_heads": 16, "ffn_dim": 4096, "word_embed_proj_dim": 512, "do_layer_norm_before": False,
+              "max_position_embeddings": 2048}
+    spec = load_model(str(_write_config(tmp_path, "opt-350m", config)))
+    assert (spec.embedding_size, spec.head_transform, spec.final_norm) == (512, True, False)
+    assert spec.num_params == pytest.approx(331_196_416, rel=0.005)
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from zerotune.predictor.flops import micro_batch_flops
+    small = transformers.OPTConfig(vocab_size=3000, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                   ffn_dim=1024, word_embed_proj_dim=128, do_layer_norm_before=False,
+                                   max_position_embeddings=256, attn_implementation="eager")
+    model = transformers.OPTForCausalLM(small)
+    ids = torch.randint(3, 3000, (2, 64))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    spec = load_model(str(_write_config(tmp_path, "opt-small", small.to_dict())))
+    assert micro_batch_flops(spec, 2, 64, False).forward_flops == pytest.approx(counter.get_total_flops(), rel=1e-3)
