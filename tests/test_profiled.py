@@ -1111,3 +1111,39 @@ def test_a_hierarchical_vision_model_is_described_by_a_stand_in_of_its_measured_
     kept = run.model.num_layers * layer_activation_bytes(run.model, 2, run.seq_len, 4)
     assert kept == pytest.approx(state["model_saved_bytes"], rel=1e-3)
     assert any("stacks of repeated blocks at different widths" in line for line in run.read)  # why, in one line
+
+
+class _RecurrentLM(torch.nn.Module):
+    """An embedding, a two-layer recurrent network and a vocabulary head: no transformer block (a stand-in model)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.emb = torch.nn.Embedding(1000, 128)
+        self.rnn = getattr(torch.nn, kind)(128, 256, num_layers=2, batch_first=True, bidirectional=kind == "GRU")
+        self.out = torch.nn.Linear(256 * (2 if kind == "GRU" else 1), 1000)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(self.emb(ids))[0]).logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_the_site_counts_a_recurrent_layers_forward_flops(kind: str) -> None:
+    """torch 2.13's CPU nn.LSTM runs one fused op that FlopCounterMode has no formula for: an LSTM language model's
+    stand-in had been built from its head's FLOPs alone. The site counts a layer the counter missed by hand (2 x
+    gates x hidden x (input + hidden) a position, each layer and direction); a GRU, which the counter sees through its
+    decomposed matmuls, is not counted twice."""
+    from torch.utils.flop_counter import FlopCounterMode
+    site = _site()
+    model = _RecurrentLM(kind)
+    ids = torch.randint(0, 1000, (4, 32))
+    state = {"model_forward_flops": 0}
+    site._count_flops(model, state)
+    model(ids).backward()
+    positions, gates, directions = 4 * 32, {"LSTM": 4, "GRU": 3}[kind], 2 if kind == "GRU" else 1
+    rnn = sum(directions * 2 * gates * 256 * (width + 256) * positions for width in (128, 256 * directions))
+    head = 2 * positions * 256 * directions * 1000
+    assert state["model_forward_flops"] == pytest.approx(rnn + head, rel=1e-6)
+    with FlopCounterMode(display=False) as counter:
+        model(ids)
+    assert (counter.get_total_flops() == head) == (kind == "LSTM")  # what the counter alone saw
