@@ -289,6 +289,7 @@ def _count_flops(module: Any, state: dict[str, Any]) -> None:
     counter = FlopCounterMode(display=False)
     active: list[bool] = []
     uncounted: list[int] = []
+    marks: dict[int, int] = {}  # a recurrent module's id -> what the counter held as it began
 
     def enter(_module: Any, args: tuple[Any, ...]) -> None:
         if not active and not state["model_forward_flops"] and torch.is_grad_enabled():
@@ -305,15 +306,14 @@ def _count_flops(module: Any, state: dict[str, Any]) -> None:
 
     def rnn_enter(rnn: Any, args: tuple[Any, ...]) -> None:
         if active:
-            rnn._zerotune_counted = counter.get_total_flops()  # noqa: SLF001 - the site's own mark, removed below
+            marks[id(rnn)] = counter.get_total_flops()
 
     def rnn_leave(rnn: Any, args: tuple[Any, ...], _output: Any) -> None:
-        before = getattr(rnn, "_zerotune_counted", None)
+        before = marks.pop(id(rnn), None)
         if active and before is not None:
-            by_hand = _rnn_flops(rnn, args)
-            if counter.get_total_flops() - before < by_hand / 2:  # the counter missed the layer
-                uncounted.append(by_hand - (counter.get_total_flops() - before))
-            del rnn._zerotune_counted
+            counted, by_hand = counter.get_total_flops() - before, _rnn_flops(rnn, args)
+            if counted < by_hand / 2:  # the counter missed the layer
+                uncounted.append(by_hand - counted)
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
     for rnn in (m for m in module.modules() if isinstance(m, torch.nn.RNNBase)):
         handles += [rnn.register_forward_pre_hook(rnn_enter), rnn.register_forward_hook(rnn_leave)]
