@@ -70,7 +70,8 @@ def main() -> int:
         before, after = replay_grid(path)
         if before:
             print(f"{path.name}: {len(before)} rows, step-time error median {statistics.median(before):.1%} -> "
-                  f"{statistics.median(after):.1%}, mean {statistics.fmean(before):.1%} -> {statistics.fmean(after):.1%}")
+                  f"{statistics.median(after):.1%}, mean {statistics.fmean(before):.1%} -> "
+                  f"{statistics.fmean(after):.1%}")
     return 0
 
 

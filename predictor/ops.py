@@ -414,7 +414,8 @@ def _cross_attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceR
     fwd += pair + drop * _mask_draws(hidden, rates)
     if model.torch_multihead_attention != "none":  # nn.MultiheadAttention's layout copies (MHA_CROSS_RW_ELEMS)
         (r_f, w_f, k_f), (r_b, w_b, k_b) = MHA_CROSS_RW_ELEMS[model.torch_multihead_attention]
-        fwd, bwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates), bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
+        fwd = fwd + _elementwise(hidden / tp, r_f, w_f, 0, rates)
+        bwd = bwd + _elementwise(hidden / tp, r_b, w_b, 0, rates)
         kernels_f, kernels_b = kernels_f + k_f, kernels_b + k_b
     return (sum(x[0] for x in parts) + fwd + s_f, sum(x[1] for x in parts) + bwd + pair + s_b, kernels_f,
             kernels_b, sum(x[2] for x in parts))

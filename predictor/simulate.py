@@ -140,8 +140,9 @@ def simulate_micro_step(job: Job, cfg: DSConfig, eff: Efficiency = Efficiency())
             reduce_prev = _add(graph, f"rs{i}", "comm", comm(reduce_kind, bucket_elems),
                                [compute_prev, reduce_prev])
             bucket_elems = 0.0
-    if z.stage >= 1:  # the last bucket (embeddings and what is left) or, without overlap, everything: still one
-        left = bucket_elems + shared_params + trained_outer_params  # call a bucket (reduce_independent_p_g_buckets_and_remove_grads)
+    if z.stage >= 1:  # the last bucket (embeddings, shared blocks and what is left) or, without overlap, everything:
+        # still one call a bucket (reduce_independent_p_g_buckets_and_remove_grads)
+        left = bucket_elems + shared_params + trained_outer_params
         calls = max(1, math.ceil(left / max(z.reduce_bucket_size_elems, 1)))
         _add(graph, "rs_last", "comm", comm(reduce_kind, left, calls), [compute_prev, reduce_prev])
     compute_s = num_layers * (layer_fwd + layer_bwd) + parts.outer_forward_s + parts.outer_backward_s
