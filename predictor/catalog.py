@@ -305,9 +305,10 @@ def _hf_layers(cfg: dict[str, Any], get: _NamedIntegers) -> tuple[int, int]:
 
 
 _ROTARY_KEYS = ("rope_parameters", "rope_theta", "rope_scaling", "rotary_dim", "rotary_pct", "rotary_emb_base",
-                "partial_rotary_factor")
+                "partial_rotary_factor", "rotary_value")
 """Keys only rotary-position configs carry (transformers 5 rope_parameters, GPT-NeoX rotary_pct, GPT-J rotary_dim,
-Llama-style rope_theta)."""
+Llama-style rope_theta, RoFormer's rotary_value: its sinusoidal table is a frozen head_dim-wide buffer-like
+parameter, 0.1% of roformer-base, not a learned hidden-wide one)."""
 
 
 def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
