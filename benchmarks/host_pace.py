@@ -30,8 +30,8 @@ GRID_DIR = Path(__file__).resolve().parent.parent / "data" / "measurements" / "g
 def _grid(path: Path) -> dict[str, list[tuple[object, float]]]:
     """model -> [(measurement, its forward seconds)] of the grid's finished runs."""
     from benchmarks.gpu_grid import read_grid
-    forward = {json.loads(line)["source"]: json.loads(line).get("forward_s") for line in path.read_text().splitlines()
-               if line.strip()}
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    forward = {r["source"]: r.get("forward_s") for r in records}
     by_model: dict[str, list[tuple[object, float]]] = {}
     for _, m in read_grid(path):
         if m.status == "ok":

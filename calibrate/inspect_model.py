@@ -86,14 +86,8 @@ def _hierarchical(model: nn.Module) -> list[tuple[str, int]] | None:
     counted, nor stacks whose width cannot be read; nn.Transformer's encoder and decoder share theirs."""
     lists = _block_lists(model)
     inside = {id(m) for _, stack in lists for block in stack for m in block.modules() if m is not block}
-    widths = []
-    for name, stack in lists:
-        if id(stack) in inside:
-            continue
-        try:
-            widths.append((name, _block_width(stack[0])))
-        except LookupError:
-            continue
+    widths = [(name, _width_or_none(stack[0])) for name, stack in lists if id(stack) not in inside]
+    widths = [(name, width) for name, width in widths if width is not None]
     return widths if len({w for _, w in widths}) > 1 else None
 
 

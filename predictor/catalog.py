@@ -249,7 +249,7 @@ def _albert_layers(cfg: dict[str, Any]) -> dict[str, int]:
     def count(key: str) -> int:
         value = cfg.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+            raise ValueError(f"{key} must be a positive integer, got {value!r}; fix the value")
         return value
     inner = count("inner_group_num")
     layers, groups = count("num_hidden_layers") * inner, count("num_hidden_groups") * inner

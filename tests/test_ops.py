@@ -13,7 +13,8 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import MHA_CROSS_RW_ELEMS, MHA_RW_ELEMS, _linear, cold_weight_s, device_rates, gemm_s, layer_times, outer_times
+from zerotune.predictor.ops import (MHA_CROSS_RW_ELEMS, MHA_RW_ELEMS, _linear, cold_weight_s, device_rates, gemm_s,
+                                    layer_times, outer_times)
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -443,7 +444,8 @@ def test_multihead_attention_costs_its_layout_copies() -> None:
         mha = layer_times(model.replace(torch_multihead_attention=layout), 8, 128, 1, rates)
         assert float(mha.forward_s - plain.forward_s) == pytest.approx(elems * (r_f + w_f) * pace, rel=1e-9)
         assert float(mha.backward_s - plain.backward_s) == pytest.approx(elems * (r_b + w_b) * pace, rel=1e-9)
-        assert (mha.forward_kernels - plain.forward_kernels, mha.backward_kernels - plain.backward_kernels) == (k_f, k_b)
+        assert (mha.forward_kernels - plain.forward_kernels, mha.backward_kernels - plain.backward_kernels) == \
+            (k_f, k_b)
         assert mha.forward_flops == plain.forward_flops
 
 

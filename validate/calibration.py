@@ -18,7 +18,8 @@ from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
 __all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "cache_gain", "update_paced",
-           "allreduce_paced", "host_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL", "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
+           "allreduce_paced", "host_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL", "TRANSFER_SHARED_VARIANCE",
+           "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,8 @@ def _spec(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, seq
         assumed.clear()  # what the module reading had to assume (heads, positions), the config states
         spec = model_from_hf_dict(hf, name, "")
         if spec.distinct_layers:
-            read.append(f"{spec.num_layers} block passes over the weights of {spec.distinct_layers} (the config's shared "
-                        f"layer groups): every pass costed, the weights held once")
+            read.append(f"{spec.num_layers} block passes over the weights of {spec.distinct_layers} (the config's "
+                        f"shared layer groups): every pass costed, the weights held once")
         if structure and structure.get("hidden_size") == spec.hidden_size:  # the config names the family, the
             head = {k: structure[k] for k in _HEAD_KEYS if k in structure}  # modules the head class built on it
             read.append(f"from the modules: {', '.join(f'{k} {v}' for k, v in head.items())}")
