@@ -41,12 +41,13 @@ from zerotune.validate.published import (DEFAULT_DATA_DIR, Case, Half, Skip, fra
                                         row_case, split_rows)
 from zerotune.validate.accuracy import _group_key, _speed  # the accuracy report's own grouping and unit handling
 from zerotune.validate.plan import build_job
-from zerotune.validate.search import (Candidates, Choice, Observation, family_of, larger_batch_better, metric_gain,
-                                      run_search)
+from zerotune.validate.search import (Candidates, Choice, Observation, candidate_memory_bounds, family_of,
+                                      larger_batch_better, measured_memory_ratio, metric_gain, run_search)
 from zerotune.validate.settings import DEFAULT_TOP_K
 from zerotune.validate.calibration import load_profile_for
 
-__all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "PUBLISHED", "data_sets",
+__all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "MemoryBandCheck", "PUBLISHED", "data_sets",
+           "memory_band_check",
            "published_groups", "measurement_groups", "error_shares", "replay_group", "replay", "format_table", "main",
            "WITHIN", "WRONG_FACTOR", "WRONG_MEMORY", "MIN_WRONG_OUTCOMES"]
 
@@ -80,6 +81,9 @@ class GridRow:
     framework: dict | None = None
     """A published row's fields that name its runtime (`framework`, `parallel`, `hardware`): its predictions take the
     efficiency the accuracy report gives that runtime (validate.published.framework_efficiency)."""
+    memory_bytes: float | None = None
+    """Measured peak device memory per rank (torch.cuda.max_memory_allocated): what `tune` reads from an
+    experiment (validate.runs), None where the grid has none."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,8 @@ def measurement_groups(path: Path, measurements: Sequence[Measurement] | None = 
         job = build_job(m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)
         key = (m.model, m.hardware, m.num_nodes, m.num_gpus_per_node, m.seq_len)
         groups.setdefault(key, []).append(GridRow(job, m.config, m.status, m.measured_step_s
-                                                  if m.status == "ok" else None, m.source))
+                                                  if m.status == "ok" else None, m.source,
+                                                  memory_bytes=m.peak_memory_bytes))
     return [Group(f"{path.stem}#{i}", tuple(rows)) for i, rows in enumerate(groups.values())
             if len({repr(r.config) for r in rows}) >= 2]
 
@@ -201,15 +206,16 @@ def _distinct(rows: Sequence[GridRow]) -> list[GridRow]:
     for same in by_config.values():
         ok = [r.step_s for r in same if r.status == "ok" and r.step_s]
         first = same[0]
-        merged.append(GridRow(first.job, first.config, "ok", statistics.median(ok), first.source, first.framework)
-                      if ok else first)
+        peaks = [r.memory_bytes for r in same if r.status == "ok" and r.memory_bytes]
+        merged.append(GridRow(first.job, first.config, "ok", statistics.median(ok), first.source, first.framework,
+                              statistics.median(peaks) if peaks else None) if ok else first)
     return merged
 
 
-def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidates, np.ndarray]:
+def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidates, np.ndarray, np.ndarray]:
     """The search's Candidates for the rows (predictions with the profile `tune` would use, made wrong on
     request), and each row's measured goodness (log samples/s; -inf where it did not run)."""
-    families, family, mbs, steps, ratios, samples, measured = [], [], [], [], [], [], []
+    families, family, mbs, steps, ratios, samples, measured, used = [], [], [], [], [], [], [], []
     for row in rows:
         eff, _ = _profile(row.job.cluster.hardware.name)
         if row.framework is not None:
@@ -225,17 +231,21 @@ def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidate
         ratios.append(ratio * (wrong.memory_scale if wrong else 1.0))
         samples.append(est.samples_per_step)
         measured.append(math.log(est.samples_per_step / row.step_s) if row.status == "ok" and row.step_s else -math.inf)
+        used.append(measured_memory_ratio(mem, row.job.cluster.hardware.kind, row.memory_bytes) or 0.0
+                    if row.status == "ok" else 0.0)
     gain = metric_gain("throughput", np.array(samples, dtype=float), np.zeros(len(rows)))
     bound = larger_batch_better("throughput", rows[0].job.cluster.hardware.kind)
     return Candidates(tuple(families), np.array(family), np.array(mbs), np.array(steps), np.array(ratios),
-                      gain, larger_batch_better=bound), np.array(measured)
+                      gain, larger_batch_better=bound), np.array(measured), np.array(used)
 
 
-def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None) -> GroupOutcome:
-    """The search on one group; wrong_seed draws a deliberately wrong model (None: the real one)."""
+def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None,
+                 measure_memory: bool = True) -> GroupOutcome:
+    """The search on one group; wrong_seed draws a deliberately wrong model (None: the real one); measure_memory
+    False hides the runs' measured peaks from the search (only fit or out of memory)."""
     rows = _distinct(group.rows)
     wrong = wrong_model(rows, wrong_seed) if wrong_seed is not None else None
-    cands, measured = _candidates(rows, wrong)
+    cands, measured, used = _candidates(rows, wrong)
     _, uncertainty = _profile(rows[0].job.cluster.hardware.name)
 
     def run(choice: Choice) -> Observation:
@@ -243,7 +253,8 @@ def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | No
         assert i is not None
         row = rows[i]
         return Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
-                           float(cands.memory_ratio[i]), row.status, row.step_s if row.status == "ok" else None, i)
+                           float(cands.memory_ratio[i]), row.status, row.step_s if row.status == "ok" else None, i,
+                           measured_memory_ratio=(float(used[i]) or None) if measure_memory else None)
 
     ran, reason = run_search(cands, uncertainty, budget, run)
     best = int(np.argmax(measured))
@@ -261,7 +272,7 @@ def error_shares(groups: Sequence[Group]) -> dict[str, float]:
     parts: dict[str, list[float]] = {"common": [], "specific": [], "within": []}
     for group in groups:
         rows = _distinct(group.rows)
-        cands, measured = _candidates(rows, None)
+        cands, measured, _ = _candidates(rows, None)
         ok = np.isfinite(measured)
         errors = (cands.gain - np.log(cands.step_s) - measured)[ok]  # log(measured / predicted step time)
         family = cands.family[ok]
@@ -274,6 +285,42 @@ def error_shares(groups: Sequence[Group]) -> dict[str, float]:
             parts["within"] += [float(e - np.mean(mine)) ** 2 for e in mine] if len(mine) > 1 else []
     squares = {k: statistics.fmean(v) if v else 0.0 for k, v in parts.items()}
     return {k: v / sum(squares.values()) for k, v in squares.items()}
+
+
+@dataclass(frozen=True)
+class MemoryBandCheck:
+    pairs: int
+    """Ordered pairs (a run that fitted with its peak recorded, another run of the same model)."""
+    outside: tuple[tuple[str, str], ...]
+    """(run, other) where the other fitted at a scale outside the run's band."""
+    oom_sure_to_fit: tuple[tuple[str, str], ...]
+    """(run, other) where the other ran out of memory though the run's band said it fits whatever the scale."""
+
+
+def memory_band_check(groups: Sequence[Group]) -> MemoryBandCheck:
+    """The check of zerotune.validate.search's measured-peak bands (MEASURED_MEMORY_REL, _OTHER_REL, _ABS) on grids
+    that recorded each run's peak: from every run that fitted, the band its peak gives every other run of the same
+    model (candidate_memory_bounds with that one run measured), against what the other measured or ran out of."""
+    pairs, outside, oom = 0, [], []
+    for group in groups:
+        rows = _distinct(group.rows)
+        cands, _, used = _candidates(rows, None)
+        _, uncertainty = _profile(rows[0].job.cluster.hardware.name)
+        for i, row in enumerate(rows):
+            if not used[i]:
+                continue
+            ran = Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
+                              float(cands.memory_ratio[i]), "ok", row.step_s, i, measured_memory_ratio=float(used[i]))
+            low, high = candidate_memory_bounds(cands, [ran], uncertainty)
+            for j, other in enumerate(rows):
+                if j == i or not (used[j] or other.status == "oom"):
+                    continue
+                pairs += 1
+                if other.status == "oom" and high[j] * cands.memory_ratio[j] < 1.0:
+                    oom.append((_label(row), _label(other)))
+                elif used[j] and not low[j] - 1e-9 <= used[j] / cands.memory_ratio[j] <= high[j] + 1e-9:
+                    outside.append((_label(row), _label(other)))
+    return MemoryBandCheck(pairs, tuple(outside), tuple(oom))
 
 
 def _label(row: GridRow) -> str:
@@ -348,7 +395,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--misses", action="store_true", help="list the groups whose choice is not within 3%%")
     parser.add_argument("--error_shares", action="store_true", help="only print how the model's errors split "
                         "(common / family-specific / within-family) on the fit half of each published data set")
+    parser.add_argument("--memory_check", action="store_true", help="only print how the bands a measured peak gives "
+                        "hold on the grids that recorded each run's peak memory")
     args = parser.parse_args(argv)
+    if args.memory_check:
+        for name, load in data_sets():
+            check = memory_band_check(load())
+            if check.pairs:
+                print(f"{name}: {check.pairs} pairs of runs of one model; outside the band: "
+                      f"{len(check.outside)} {list(check.outside)}; out of memory where the band said it fits: "
+                      f"{len(check.oom_sure_to_fit)} {list(check.oom_sure_to_fit)}")
+        return 0
     if args.error_shares:
         for name in PUBLISHED:
             groups = published_groups(DEFAULT_DATA_DIR / f"{name}.jsonl", "fit")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from zerotune.predictor import load_model
-from zerotune.validate.profiled import PROFILING_SITE, model_yaml, profiling_env, read_profiled
+from zerotune.validate.profiled import (PROFILING_SITE, model_yaml, peak_env, profiling_env, read_peak_bytes,
+                                       read_profiled)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
@@ -337,6 +338,29 @@ def test_profiling_env_puts_the_site_first(monkeypatch: pytest.MonkeyPatch) -> N
     env = profiling_env({"DS_ACCELERATOR": "cpu"}, Path("/r/profiled"))
     assert env["PYTHONPATH"].split(":") == [str(PROFILING_SITE), "/user/lib"]
     assert env["ZEROTUNE_PROFILE_OUT"] == "/r/profiled" and env["DS_ACCELERATOR"] == "cpu"
+
+
+def test_an_experiments_ranks_write_their_peak_memory_as_they_exit(tmp_path: Path) -> None:
+    """`tune`'s experiments run with the site first on PYTHONPATH and ZEROTUNE_PEAK_OUT set (validate.runs): nothing
+    is patched, and each rank writes its peak when the process exits (DeepSpeed's engine ends an autotuning
+    experiment with exit()); the experiment's peak is the largest rank's. Here two 'ranks' import DeepSpeed and
+    exit(); a process that never imported DeepSpeed writes nothing. (On the CPU the peak is getrusage's, which a
+    child inherits from the process it was forked from, so the two are not compared here.)"""
+    import subprocess
+    import sys
+    prefix = tmp_path / "peak"
+    for rank, code in ((0, "import deepspeed; exit()"), (1, "import deepspeed, torch; torch.ones(2**20).add_(1)"),
+                       (2, "import json")):
+        env = {**peak_env({"DS_ACCELERATOR": "cpu", "RANK": str(rank)}, prefix), "PATH": "/usr/bin:/bin"}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+    docs = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("peak.rank*.json")}
+    assert set(docs) == {"peak.rank0.json", "peak.rank1.json"}
+    assert {d["peak_memory_kind"] for d in docs.values()} == {"RSS"}
+    assert all(d["peak_memory_bytes"] > 2**20 for d in docs.values())
+    assert read_peak_bytes(prefix) == max(d["peak_memory_bytes"] for d in docs.values())
+    assert read_peak_bytes(tmp_path / "never_ran") is None
+    assert peak_env({}, prefix)["PYTHONPATH"].split(":")[0] == str(PROFILING_SITE)
 
 
 _PROBE_THEN_IMPORT = """
@@ -944,13 +968,13 @@ def test_a_profiling_run_out_of_memory_tries_again_at_the_highest_stage_and_the_
     from zerotune.validate.plan import build_job
     from zerotune.predictor.space import space_from_ds_config
     from zerotune.validate.calibration import load_profile_for
-    from zerotune.validate.search import _monotone, candidate_table, fit_probability, memory_bounds, observation_of
+    from zerotune.validate.search import candidate_table, fit_probabilities, observation_of
     eff, uncertainty = load_profile_for("cpu")
     job = build_job(outcome.model_path, "cpu", 1, 2, outcome.seq_len)
     table = candidate_table(job, space_from_ds_config(doc, world_size=2, explore=()), eff, "throughput")
     obs = [observation_of(job, eff, m) for m in (oom, outcome.measurement)]
     cands = table.candidates
-    p_fit = _monotone(cands, obs, fit_probability(cands.memory_ratio, memory_bounds(obs, uncertainty)))
+    p_fit = fit_probabilities(cands, obs, uncertainty)
     stage = np.array([cands.families[k][0] for k in cands.family])
     assert (p_fit[stage == 0] == 0).all() and (p_fit[stage == 3] > 0).any()
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from zerotune.predictor.rank import Uncertainty
-from zerotune.validate.search import (BAND_Z, Candidates, Choice, Observation, choose, fit_probability,
-                                      memory_bounds, posterior, run_search)
+from zerotune.validate.search import (BAND_Z, MEASURED_MEMORY_ABS, MEASURED_MEMORY_OTHER_REL, MEASURED_MEMORY_REL,
+                                      Candidates, Choice, Observation, candidate_memory_bounds, choose,
+                                      fit_probabilities, fit_probability, memory_bounds, posterior, run_search)
 
 U = Uncertainty(step_time_rel=0.3, memory_rel=0.1)
 FAMILIES = ((0, "none", "none", False, 1, 1), (0, "none", "none", True, 1, 1), (3, "cpu", "cpu", True, 1, 1))
@@ -303,6 +304,28 @@ def test_a_measurement_is_predicted_at_the_sequence_length_it_ran() -> None:
     assert observed.predicted_step_s < estimate(job, cfg).time.step_s
 
 
+def test_a_gpu_runs_measured_peak_stands_for_the_predicted_live_bytes() -> None:
+    """torch.cuda.max_memory_allocated measures what MemoryEstimate.live_bytes predicts; the runtime's reserve and
+    the allocator's slack stay as predicted. On the CPU the peak is the process's RSS and the node's ranks share
+    the memory: no measured ratio."""
+    from zerotune.calibrate.measurement import Measurement
+    from zerotune.predictor import DSConfig, Efficiency, estimate
+    from zerotune.validate.search import measured_memory_ratio, observation_of
+    from tests.conftest import make_job
+    job = make_job("gpt2", "h100-80gb", 1, 1, 1024)
+    cfg = DSConfig(train_micro_batch_size_per_gpu=4)
+    mem = estimate(job, cfg).memory
+    ran = Measurement(model="gpt2", hardware="h100-80gb", num_nodes=1, num_gpus_per_node=1, seq_len=1024, config=cfg,
+                      status="ok", step_s=0.1, peak_memory_bytes=0.9 * mem.live_bytes)
+    observed = observation_of(job, Efficiency(), ran)
+    fixed = mem.total_bytes - mem.live_bytes
+    assert fixed > 0
+    assert observed.measured_memory_ratio == pytest.approx((0.9 * mem.live_bytes + fixed) / mem.capacity_bytes)
+    assert observed.memory_ratio == pytest.approx(mem.total_bytes / mem.capacity_bytes)
+    assert observation_of(job, Efficiency(), replace(ran, peak_memory_bytes=None)).measured_memory_ratio is None
+    assert measured_memory_ratio(mem, "cpu", 1e9) is None
+
+
 Z2 = (2, "none", "none", False, 1, 1)
 Z3 = (3, "none", "none", False, 1, 1)
 
@@ -415,3 +438,28 @@ def test_a_fit_below_an_oom_that_moved_the_band_caps_it() -> None:
     bounds = memory_bounds([_observe(cands, 0, 0.0, "oom"), _observe(cands, 1, 1.0)], U)
     assert bounds == pytest.approx((2.0, 2.5))
     assert fit_probability(np.array([0.45]), bounds)[0] == pytest.approx(math.log(1 / (2.0 * 0.45)) / math.log(1.25))
+
+
+def test_a_measured_peak_pins_the_memory_scale_tightest_in_its_own_family() -> None:
+    """A run's measured peak (Observation.measured_memory_ratio) replaces the prior's band: r = measured / predicted
+    within MEASURED_MEMORY_REL in its family and MEASURED_MEMORY_OTHER_REL elsewhere, plus MEASURED_MEMORY_ABS over
+    the share of the device it used. Run 0 was predicted at half the device and used 60% of it (r = 1.2)."""
+    cands = _cands(ratio=[0.5, 0.95, 0.5, 0.9, 0.5, 0.5])
+    ran = replace(_observe(cands, 0, 1.0), measured_memory_ratio=0.6)
+    low, high = candidate_memory_bounds(cands, [ran], U)
+    own = MEASURED_MEMORY_REL + MEASURED_MEMORY_ABS / 0.6
+    other = MEASURED_MEMORY_OTHER_REL + MEASURED_MEMORY_ABS / 0.6
+    assert (low[1], high[1]) == pytest.approx((1.2 * (1 - own), 1.2))  # capped by the prior's top, 1.2
+    assert (low[3], high[3]) == pytest.approx((max(0.8, 1.2 * (1 - other)), 1.2))
+    p = fit_probabilities(cands, [ran], U)
+    assert p[1] == 0.0  # micro-batch 8 of its own family needs 1.05 of the device at best: no longer "may fit"
+    assert fit_probability(np.array([0.95]), memory_bounds([ran], U))[0] > 0.5  # it did before, on the prior alone
+    assert 0.3 < p[3] < 0.9  # another family's, at 0.9: may fit, its band is wider
+    # A peak the prior did not allow (a model off beyond its band) stands alone: r = 1.6 from a run at 0.8 of 0.5.
+    off = replace(ran, measured_memory_ratio=0.8)
+    low, high = candidate_memory_bounds(cands, [off], U)
+    width = MEASURED_MEMORY_REL + MEASURED_MEMORY_ABS / 0.8
+    assert (low[1], high[1]) == pytest.approx((1.6 * (1 - width), 1.6 * (1 + width)))
+    # Without a measured peak, the status-only band for every candidate.
+    low, high = candidate_memory_bounds(cands, [_observe(cands, 0, 1.0)], U)
+    assert list(zip(low, high)) == [pytest.approx(memory_bounds([_observe(cands, 0, 1.0)], U))] * len(cands)

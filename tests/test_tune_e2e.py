@@ -84,6 +84,7 @@ def test_real_tune_runs_at_most_k_and_picks_the_measured_best(tmp_path: Path) ->
             assert (results / r.name / name).is_file(), (r.name, name)
         assert (tmp_path / "autotuning_exps" / f"{r.name}.json").is_file()
         assert json.loads((results / r.name / "metrics.json").read_text())["throughput"] > 0  # DeepSpeed's last step
+        assert r.peak_memory_bytes and r.peak_memory_bytes > 2**20  # each rank's peak, written as it exited
         measured[r.name] = r.metric_value  # the median over the engine's window (window_step_s), not the last step
     best = max(measured, key=measured.get)
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
@@ -97,6 +98,7 @@ def test_real_tune_runs_at_most_k_and_picks_the_measured_best(tmp_path: Path) ->
         assert (results / name).is_file(), name
     stored = read_jsonl(results / "measurements.jsonl")
     assert {m.status for m in stored} == {"ok"} and len(stored) == len(outcome.results)
+    assert all(m.peak_memory_bytes for m in stored)
     by_source = {Path(m.source).name: m.throughput_samples_per_s for m in stored}
     assert by_source == pytest.approx(measured, rel=1e-9)  # what was ranked is what was stored
     global_row = next(line for line in (results / "summary.txt").read_text().splitlines() if line.startswith("| global"))

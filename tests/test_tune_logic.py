@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -195,6 +196,35 @@ def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path,
     names = [name for name, _ in launcher.calls]
     assert names[0] == "z0_gas1_tmbspg7" and "z0_gas1_tmbspg8" not in names  # the finished one is read back
     assert [r.resumed for r in outcome.results] == [True] + [False] * len(names)
+
+
+def test_each_experiments_peak_memory_is_read_from_its_ranks_and_kept_for_a_rerun(tmp_path: Path,
+                                                                                   budget_ends_it: None) -> None:
+    """Every experiment runs with the profiling site first on PYTHONPATH and ZEROTUNE_PEAK_OUT naming where its ranks
+    write their peak at exit (validate.profiled.peak_env); the largest rank's is the experiment's, in exp.json and
+    measurements.jsonl, and a rerun that resumes the experiment reads it back (the search's memory scale uses it).
+    The user's environment and the optimal command stay free of it."""
+    from zerotune.validate.profiled import PROFILING_SITE
+    settings = replace(_settings(tmp_path, [6, 8], [0], top_k=2), env={"PYTHONPATH": "/user/lib"})
+    fake = FakeLauncher()
+
+    def with_peaks(spec: LaunchSpec) -> RunResult:
+        run = fake(spec)
+        assert spec.env["PYTHONPATH"].split(":") == [str(PROFILING_SITE), "/user/lib"]
+        prefix = Path(spec.env["ZEROTUNE_PEAK_OUT"])
+        assert prefix.parent == spec.run_dir
+        for rank, peak in ((0, 3e9), (1, 4e9)):
+            Path(f"{prefix}.rank{rank}.json").write_text(json.dumps({"peak_memory_bytes": peak}))
+        return run
+    outcome = tune(settings, with_peaks, log=lambda _: None)
+    assert outcome.results and all(r.peak_memory_bytes == 4e9 for r in outcome.results)
+    stored = read_jsonl(tmp_path / "results" / "measurements.jsonl")
+    assert [m.peak_memory_bytes for m in stored] == [4e9] * len(outcome.results)
+    again = tune(replace(settings, top_k=1), FakeLauncher(), log=lambda _: None)
+    resumed = [r for r in again.results if r.resumed]
+    assert resumed and all(r.peak_memory_bytes == 4e9 for r in resumed)
+    assert "ZEROTUNE_PEAK_OUT" not in (tmp_path / "results" / "cmd_optimal.txt").read_text()
+    assert settings.env == {"PYTHONPATH": "/user/lib"}
 
 
 def test_a_rerun_starts_from_the_earlier_tunes_measurements_and_keeps_them(tmp_path: Path,

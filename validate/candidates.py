@@ -14,10 +14,12 @@ import numpy as np
 from zerotune.calibrate.measurement import Measurement, Status
 from zerotune.predictor.dsconfig import DSConfig
 from zerotune.predictor.job import Efficiency, Job
+from zerotune.predictor.memory import MemoryEstimate
 from zerotune.predictor.rank import MAXIMISED, Metric, SpaceTable, evaluate_space
 from zerotune.predictor.space import SearchSpace
 
 __all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "metric_gain",
+           "measured_memory_ratio",
            "metric_of_goodness", "MEASURED", "NOISE_STD", "SearchTable", "candidate_table", "already_measured",
            "measured_job", "observation_of"]
 
@@ -102,6 +104,10 @@ class Observation:
     noise_std: float = NOISE_STD
     """Standard error of log(step_s): NOISE_STD, or more for a run whose few steps spread widely (the profiling run
     at the smallest micro-batch)."""
+    measured_memory_ratio: float | None = None
+    """The run's measured peak device memory over the device's capacity (the allocator's reserved peak on a GPU,
+    what an out-of-memory is decided on), where the run recorded it: it pins the memory model's scale
+    (search.memory_bounds)."""
 
 
 # -- the space of `tune` as candidates ----------------------------------------------------------------------
@@ -159,6 +165,16 @@ def measured_job(job: Job, measurement: Measurement) -> Job:
     return replace(job, seq_len=measurement.seq_len)
 
 
+def measured_memory_ratio(memory: MemoryEstimate, kind: str, peak_allocated_bytes: float | None) -> float | None:
+    """The counterpart of a configuration's predicted memory ratio with the run's measured peak in it: the
+    allocator's peak (torch.cuda.max_memory_allocated, Measurement.peak_memory_bytes) in place of the predicted
+    live bytes (MemoryEstimate.live_bytes), the runtime's reserve and the allocator's slack as predicted, over the device's
+    capacity. GPUs only: on the CPU the peak is the process's RSS, and the ranks of a node share its memory."""
+    if kind != "gpu" or not peak_allocated_bytes or peak_allocated_bytes <= 0:
+        return None
+    return (peak_allocated_bytes + memory.total_bytes - memory.live_bytes) / memory.capacity_bytes
+
+
 def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -> Observation:
     """A measurement given to `tune` beforehand (`initial`), as the search's correction takes it."""
     from zerotune.predictor import estimate
@@ -169,4 +185,6 @@ def observation_of(job: Job, efficiency: Efficiency, measurement: Measurement) -
     ok = measurement.status in ("ok", "stopped")
     return Observation(family_of(measurement.config), measurement.config.train_micro_batch_size_per_gpu,
                        est.time.step_s, ratio, measurement.status, measurement.measured_step_s if ok else None,
-                       noise_std=max(NOISE_STD, measurement.step_s_rel_error or 0.0))
+                       noise_std=max(NOISE_STD, measurement.step_s_rel_error or 0.0),
+                       measured_memory_ratio=measured_memory_ratio(memory, job.cluster.hardware.kind,
+                                                                   measurement.peak_memory_bytes) if ok else None)

@@ -91,6 +91,9 @@ class ExperimentResult:
     step_times_s: tuple[float, ...] = ()
     """Seconds of each optimizer step the engine printed, in order from the first (warm-up included): a later
     experiment is compared with this one step for step (zerotune.validate.runs.paired_step_ratios)."""
+    peak_memory_bytes: float | None = None
+    """The largest peak memory of its ranks (validate.profiled.read_peak_bytes: max_memory_allocated on an
+    accelerator, the RSS on the CPU), where the run finished and wrote it."""
 
 
 def measured_from_metrics(metrics: Mapping[str, Any], samples_per_step: int, flops_per_step_per_gpu: float,
@@ -120,7 +123,8 @@ def exp_document(name: str, exp_id: int, ds_config: Mapping[str, Any], num_gpus:
 def result_dict(result: ExperimentResult) -> dict[str, Any]:
     return {"status": result.status, "reason": result.reason, "metric_val": result.metric_value,
             "step_s": result.step_s, "throughput_samples_per_s": result.throughput_samples_per_s,
-            "wall_s": result.wall_s, "step_times_s": list(result.step_times_s)}
+            "wall_s": result.wall_s, "step_times_s": list(result.step_times_s),
+            "peak_memory_bytes": result.peak_memory_bytes}
 
 
 def load_finished(layout: Layout, name: str, world_size: int, same_run: Mapping[str, Any]) -> ExperimentResult | None:
@@ -141,7 +145,12 @@ def load_finished(layout: Layout, name: str, world_size: int, same_run: Mapping[
                             Prediction(**doc["predicted"]), result["status"], result.get("reason", ""),
                             result.get("metric_val"), result.get("step_s"), result.get("throughput_samples_per_s"),
                             float(result.get("wall_s") or 0.0), resumed=True,
-                            step_times_s=_step_times(result.get("step_times_s")))
+                            step_times_s=_step_times(result.get("step_times_s")),
+                            peak_memory_bytes=_positive(result.get("peak_memory_bytes")))
+
+
+def _positive(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def _step_times(value: Any) -> tuple[float, ...]:

@@ -13,6 +13,7 @@ from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.predictor.rank import MAXIMISED, Metric
 from zerotune.validate.experiments import experiment_ds_config, rewrite_args
+from zerotune.validate.profiled import peak_env, read_peak_bytes
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp_document, load_finished,
                                        measured_from_metrics, result_dict, write_json_atomic)
 from zerotune.validate.settings import Launcher, TuneSettings
@@ -21,6 +22,8 @@ __all__ = ["launch_spec", "run_experiment", "experiment_result", "window_step_s"
            "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios", "stopped_step_s"]
 
 
+PEAK_PREFIX = "peak"
+"""Each rank of an experiment writes its peak memory to <run_dir>/peak.rank<R>.json (validate.profiled.peak_env)."""
 EARLY_STOP_MIN_STEPS = 2
 """Timed steps an experiment runs before it may be stopped early: one step can be a warm-up outlier."""
 EARLY_STOP_MARGIN = 0.05
@@ -34,6 +37,7 @@ def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, l
                        num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
                        status=result.status, step_s=result.step_s if ok else None,
                        throughput_samples_per_s=result.throughput_samples_per_s if ok else None,
+                       peak_memory_bytes=result.peak_memory_bytes if ok else None,
                        source=str(layout.run_dir(result.name)), reason=result.reason)
 
 
@@ -127,7 +131,8 @@ def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: Run
     except ValueError as exc:
         return ExperimentResult(name, cfg, prediction, "failed", str(exc), wall_s=run.wall_s)
     return ExperimentResult(name, cfg, prediction, "ok", "", _metric_of_step(metric, step_s, samples, flops), step_s,
-                            samples / step_s, run.wall_s, step_times_s=run.step_times_s)
+                            samples / step_s, run.wall_s, step_times_s=run.step_times_s,
+                            peak_memory_bytes=read_peak_bytes(run.run_dir / PEAK_PREFIX))
 
 
 def window_step_s(run: RunResult, samples: int, at: AutotuningConfig) -> float:
@@ -197,7 +202,10 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
         if best is not None:
             samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world)
             rule = stop_rule_for(best, at.metric, samples, estimate(job, cfg).time.model_flops_per_gpu, at)
-        run = launcher(launch_spec(settings, ds_config, run_dir, args, rule))
+        for stale in run_dir.glob(f"{PEAK_PREFIX}.rank*.json"):  # an earlier, interrupted run's
+            stale.unlink()
+        spec = launch_spec(settings, ds_config, run_dir, args, rule)
+        run = launcher(replace(spec, env=peak_env(spec.env, run_dir / PEAK_PREFIX)))
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
     if run.status == "failed" and run.returncode == 0 and run.reason == "no metrics written":

@@ -49,7 +49,11 @@ Memory: one unknown scale r of the predicted peak (need = r x predicted), a prio
 memory_rel; a run that fits caps r, an OOM raises its floor; within a family an OOM also rules out the larger
 micro-batches and a fit vouches for the smaller ones. A configuration is runnable with the probability
 that r keeps it under capacity (uniform in log r), so micro-batches near the predicted limit stay candidates
-and the limit moves when an experiment OOMs or fits where it was said not to.
+and the limit moves when an experiment OOMs or fits where it was said not to. A run that recorded its peak (a GPU
+experiment's ranks write it as they exit) pins r itself, tightly for its own family and loosely for the others
+(candidate_memory_bounds): replay, H200 shapes grid, 2.80 -> 2.60 experiments a group with the real model (the
+micro-batch past the limit is no longer run after a neighbour's peak), wrong models of the H200 grids 3.06 -> 2.93
+and 3.09 -> 2.89, the choices the same.
 
 Each observation has its own noise (noise_std): NOISE_STD for an experiment's window median, the standard error of
 its median step for the profiling run, whose few short steps spread; the part of an error that noise explains
@@ -92,13 +96,15 @@ from zerotune.predictor.rank import Metric, Uncertainty
 from zerotune.validate.bounds import dominated
 from zerotune.validate.candidates import (MEASURED, NOISE_STD, Candidates, FamilyKey, Observation, SearchTable,
                                           already_measured, candidate_table, family_of, larger_batch_better,
-                                          measured_job, metric_gain, metric_of_goodness, observation_of)
+                                          measured_job, measured_memory_ratio, metric_gain, metric_of_goodness,
+                                          observation_of)
 from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice",
-           "posterior", "memory_bounds", "fit_probability", "choose", "run_search", "metric_gain", "metric_of_goodness",
+           "posterior", "memory_bounds", "candidate_memory_bounds", "fit_probability", "fit_probabilities", "choose", "run_search", "metric_gain", "metric_of_goodness",
            "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
-           "already_measured", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR"]
+           "already_measured", "measured_memory_ratio", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR",
+           "MEASURED_MEMORY_REL", "MEASURED_MEMORY_OTHER_REL", "MEASURED_MEMORY_ABS"]
 
 BAND_Z = 2.0
 """The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
@@ -116,6 +122,22 @@ micro-batch term: a configuration's own term is for knobs the model does not tel
 observation's noise_std), so a neighbour of a measured micro-batch (z1 mb30 beside a measured z1 mb32) keeps a band
 of a few percent, not the +-8% that made the H200 head to head of 2026-11-27 run it (own 0.02 -> 0.005, mb 0.05 ->
 0.065: replay seed 13 unchanged within 0.1 experiment a group, BLOOM 2.86 -> 2.79)."""
+MEASURED_MEMORY_REL = 0.03
+"""How far the memory model's scale r (measured over predicted, candidates.measured_memory_ratio) may differ
+between a run whose peak was measured and another configuration of its family. On the three GPU grids
+(data/measurements/gpu_grid, torch.cuda.max_memory_allocated) r lies within 0.85-1.11, and within a family it
+moves by at most 2% between micro-batches of 4 and up."""
+MEASURED_MEMORY_OTHER_REL = 0.10
+"""The same for a configuration of another family: checkpointing puts r at 0.85-0.92 against 0.94-1.03 without
+it, ZeRO-3 at micro-batch 1 at 1.09-1.11."""
+MEASURED_MEMORY_ABS = 0.03
+"""The fixed part of a measured peak's error, as a share of the device, divided by the share the run used: at
+micro-batch 1 (2-50% of the device) r ranges over 0.87-1.11, with ZeRO-0 at 0.87-0.97 against 1.00-1.03 at its
+larger micro-batches. The three widths are the narrowest of a grid (0.02-0.05, 0.08-0.15, 0.01-0.03) that, on the
+fit-half models of the three grids (validate.published.model_half; 693 ordered pairs of runs of one model, the
+first fitted and recorded its peak), said no run that ran out of memory fits whatever the scale and left at most
+0.5% of the others outside the first's band (3, each a micro-batch 1 seen from a larger run). On the test-half
+models, 573 pairs: none outside, no out-of-memory said to fit (`python -m benchmarks.replay --memory_check`)."""
 MIN_GAIN_REL = 0.05
 """An experiment is worth running only if its optimistic bound beats the measured best by more than this: step
 times spread by a few percent between runs, so a smaller win could hardly be told from noise (the value is
@@ -323,6 +345,44 @@ def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty)
     return (low, high) if low <= high else (high, low)  # contradicting runs (allocator noise): keep both edges
 
 
+def candidate_memory_bounds(cands: Candidates, observations: Sequence[Observation],
+                            uncertainty: Uncertainty) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate, (lowest, highest) scale r of its predicted peak memory. Without a measured peak, the same
+    for all: memory_bounds. Runs that recorded their peak (Observation.measured_memory_ratio) replace the prior:
+    each run's r is its measured over its predicted ratio, within MEASURED_MEMORY_REL for its own family and
+    MEASURED_MEMORY_OTHER_REL for the rest, plus MEASURED_MEMORY_ABS of the device over the share the run used
+    (a run that filled a few percent of the device says little of the scale at the top); the runs' bands
+    intersect, and what ran out of memory or fitted still bounds them."""
+    low, high = memory_bounds(observations, uncertainty)
+    runs = [(o.family, o.measured_memory_ratio / o.memory_ratio, o.measured_memory_ratio) for o in observations
+            if o.status in MEASURED and o.measured_memory_ratio and o.memory_ratio > 0]
+    if not runs:
+        return np.full(len(cands), low), np.full(len(cands), high)
+    lo, hi = np.zeros(len(cands)), np.full(len(cands), np.inf)
+    for family, r, used in runs:
+        same = cands.family == (cands.families.index(family) if family in cands.families else -1)
+        width = np.where(same, MEASURED_MEMORY_REL, MEASURED_MEMORY_OTHER_REL) + MEASURED_MEMORY_ABS / used
+        lo, hi = np.maximum(lo, r * np.maximum(1.0 - width, 0.0)), np.minimum(hi, r * (1.0 + width))
+    ooms = [1.0 / o.memory_ratio for o in observations if o.memory_ratio > 0 and o.status == "oom"]
+    fits = [1.0 / o.memory_ratio for o in observations if o.memory_ratio > 0 and o.status in MEASURED]
+    lo = np.maximum(lo, max(ooms)) if ooms else lo
+    hi = np.minimum(hi, min(fits)) if fits else hi
+    swap = lo > hi  # contradicting runs: keep both edges
+    lo, hi = np.where(swap, hi, lo), np.where(swap, lo, hi)
+    # Within the prior's band where they overlap (a peak of another family does not widen it: GPT-Neo-1.3B on the
+    # H100 grid, whose calibrated band had ruled out micro-batch 4, ran it after micro-batch 1's peak); the
+    # measurement alone where they do not (a model off beyond its band).
+    inner_lo, inner_hi = np.maximum(lo, low), np.minimum(hi, high)
+    overlap = inner_lo <= inner_hi
+    return np.where(overlap, inner_lo, lo), np.where(overlap, inner_hi, hi)
+
+
+def fit_probabilities(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> np.ndarray:
+    """Each candidate's probability of fitting in memory after the runs so far."""
+    return _monotone(cands, observations, fit_probability(cands.memory_ratio,
+                                                          candidate_memory_bounds(cands, observations, uncertainty)))
+
+
 def _monotone(cands: Candidates, observations: Sequence[Observation], p_fit: np.ndarray) -> np.ndarray:
     """Within a family memory grows with micro-batch: an OOM rules out its family's larger micro-batches, a run
     that fitted vouches for the smaller ones."""
@@ -338,13 +398,13 @@ def _monotone(cands: Candidates, observations: Sequence[Observation], p_fit: np.
     return p_fit
 
 
-def fit_probability(memory_ratio: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
-    """P(r x predicted <= capacity) for r log-uniform within the bounds."""
-    low, high = math.log(bounds[0]), math.log(bounds[1])
+def fit_probability(memory_ratio: np.ndarray, bounds: tuple[float | np.ndarray, float | np.ndarray]) -> np.ndarray:
+    """P(r x predicted <= capacity) for r log-uniform within the bounds (one pair for all, or one per candidate)."""
+    low, high = np.log(np.asarray(bounds[0], dtype=float)), np.log(np.asarray(bounds[1], dtype=float))
     limit = -np.log(np.maximum(memory_ratio, 1e-12))  # log of the largest r that still fits
-    if high - low < 1e-9:
-        return (limit >= low).astype(float)
-    return np.clip((limit - low) / (high - low), 0.0, 1.0)
+    span = high - low
+    uniform = np.clip((limit - low) / np.maximum(span, 1e-9), 0.0, 1.0)
+    return np.where(span < 1e-9, (limit >= low).astype(float), uniform)
 
 
 # -- choosing -------------------------------------------------------------------------------------------------
@@ -402,8 +462,7 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
            done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
     """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
     post = posterior(cands, observations, uncertainty)
-    p_fit = _monotone(cands, observations, fit_probability(cands.memory_ratio, memory_bounds(observations,
-                                                                                          uncertainty)))
+    p_fit = fit_probabilities(cands, observations, uncertainty)
     predicted = cands.gain - np.log(cands.step_s) - post.mean
     banded = predicted + BAND_Z * post.std
     goodness, bound = dominated(cands, observations, predicted, banded, p_fit)

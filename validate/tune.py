@@ -56,8 +56,8 @@ from zerotune.validate.results import (ExperimentResult, Layout, best_result, fo
                                        write_json_atomic, write_text_atomic)
 from zerotune.validate.runs import finished_earlier, launch_spec, measurement_of, run_experiment
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
-                                      candidate_table, fit_probability, measured_job, memory_bounds, observation_of,
-                                      prediction_of, run_search)
+                                      candidate_table, fit_probabilities, measured_job, measured_memory_ratio,
+                                      observation_of, prediction_of, run_search)
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of, settings_from_args
 
 __all__ = ["TuneOutcome", "tune", "run_tune", "EXPERIMENT_STARTUP_S"]
@@ -106,11 +106,16 @@ def _first_predictions(job: Job, model: Calibration, measured: Sequence[Measurem
 
 # -- the loop ------------------------------------------------------------------------------------------------
 
-def _observation(table: SearchTable, index: int, result: ExperimentResult) -> Observation:
+def _observation(table: SearchTable, index: int, result: ExperimentResult, job: Job,
+                 efficiency: Efficiency) -> Observation:
     cands = table.candidates
+    used = None
+    if result.status == "ok" and result.peak_memory_bytes:
+        used = measured_memory_ratio(estimate(job, table.config(index), efficiency).memory,
+                                     job.cluster.hardware.kind, result.peak_memory_bytes)
     return Observation(cands.families[cands.family[index]], int(cands.micro_batch[index]), float(cands.step_s[index]),
                        float(cands.memory_ratio[index]), result.status,
-                       result.step_s if result.status in MEASURED else None, index)
+                       result.step_s if result.status in MEASURED else None, index, measured_memory_ratio=used)
 
 
 def _resumed(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, table: SearchTable,
@@ -150,10 +155,10 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
-        return _observation(table, choice.index, result)
+        return _observation(table, choice.index, result, job, model.efficiency)
 
     initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
-    initial_obs += [_observation(table, index, result) for index, result in earlier]
+    initial_obs += [_observation(table, index, result, job, model.efficiency) for index, result in earlier]
     done = already_measured(table, initial)
     done[[index for index, _ in earlier]] = True
     _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs, done)
@@ -251,8 +256,8 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
             log(line)
     table = candidate_table(job, space, model.efficiency, at.metric)
     table = replace(table, candidates=table.candidates.with_cost(EXPERIMENT_STARTUP_S, at.end_profile_step + 1))
-    bounds = memory_bounds([observation_of(job, model.efficiency, m) for m in initial], model.uncertainty)
-    if not fit_probability(table.candidates.memory_ratio, bounds).any():
+    if not fit_probabilities(table.candidates, [observation_of(job, model.efficiency, m) for m in initial],
+                             model.uncertainty).any():
         raise _nothing_fits(job, space, model.efficiency, model.uncertainty)
     layout = Layout(Path(at.results_dir), Path(at.exps_dir))
     earlier = _resumed(settings, job, at, layout, table, log)

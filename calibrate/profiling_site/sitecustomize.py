@@ -16,6 +16,10 @@ When `deepspeed` is imported, `deepspeed.initialize` is wrapped; once it has bui
   calibration's); on the CPU, each backward's share of subnormal values in the logits' gradient (sampled).
 Anything that goes wrong here is written down and never stops the user's run. Another sitecustomize further
 along sys.path (a site's own) still runs, after this one.
+
+`tune`'s experiments put this folder first on PYTHONPATH too, with ZEROTUNE_PEAK_OUT instead: nothing is patched,
+and each rank writes <out>.rank<R>.json with its peak memory (as above) when the process exits (DeepSpeed's engine
+ends an autotuning experiment with exit() once it has written its metrics, runtime/engine.py _autotuning_exit).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 _OUT = os.environ.get("ZEROTUNE_PROFILE_OUT", "")
+_PEAK_OUT = os.environ.get("ZEROTUNE_PEAK_OUT", "")
 KIB = 1024  # ru_maxrss is in KiB on Linux (getrusage(2))
 COPY_BYTES = 64 * 1024 * 1024  # the calibration's quick memory microbenchmark's size
 CACHE_COPY_BYTES = (128 * 1024, 512 * 1024, 2 * 1024 * 1024, 8 * 1024 * 1024, 32 * 1024 * 1024)
@@ -539,9 +544,25 @@ def _chain() -> None:
         return
 
 
+def _write_peak() -> None:
+    """At exit of an experiment's rank: its peak memory (nothing where DeepSpeed never started)."""
+    if "deepspeed" not in sys.modules:
+        return
+    try:
+        from deepspeed.accelerator import get_accelerator
+        kind = "RSS" if get_accelerator().device_name() == "cpu" else "max_memory_allocated"
+        _write(f"{_PEAK_OUT}.rank{os.environ.get('RANK', '0')}.json",
+               {"peak_memory_bytes": _peak_memory_bytes(), "peak_memory_kind": kind})
+    except Exception:  # noqa: BLE001 - never the user's run's failure
+        pass
+
+
 if _OUT:
     if "deepspeed" in sys.modules:
         _patch(sys.modules["deepspeed"])
     else:
         sys.meta_path.insert(0, _PatchOnImport())
+elif _PEAK_OUT:
+    import atexit
+    atexit.register(_write_peak)
 _chain()
