@@ -186,8 +186,9 @@ def _block_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
 
 
 def _attention_and_mlp(linears: list[tuple[str, int, int, bool]], h: int, head_dim: int,
-                       notes: dict[str, list[str]]) -> dict[str, Any]:
-    """Attention projections and MLP from the block's linear shapes."""
+                       notes: dict[str, list[str]], attention: bool = False) -> dict[str, Any]:
+    """Attention projections and MLP from the block's linear shapes (`attention`: the block holds an
+    nn.MultiheadAttention, whose input projection is no nn.Linear)."""
     # the MLP's down map is the widest map into h (heads wider than h / heads make the attention output one too)
     down = sorted((l for l in linears if l[2] == h and l[1] != h), key=lambda l: -l[1])
     ffn = down[0][1] if down else 0
@@ -197,6 +198,11 @@ def _attention_and_mlp(linears: list[tuple[str, int, int, bool]], h: int, head_d
     square = [l for l in linears if l[1] == h and l[2] == h]
     fused = [l for l in linears if l[1] == h and h < l[2] <= 3 * h and l[2] != ffn and (l[2] - h) % (2 * head_dim) == 0]
     narrow = [l for l in linears if l[1] == h and l[2] < h and l[2] % head_dim == 0]
+    if not (square or fused or narrow or attention):
+        # Blocks of MLPs alone (a residual MLP over feature vectors): no attention to read, none to invent (read
+        # so, a 6-block MLP of 50M parameters was described with 4 h x h projections a block, 75M); the model's
+        # measured costs describe it instead (zerotune.validate.profiled._stand_in)
+        raise LookupError(f"the block has no attention: its linears {[l[:3] for l in linears]} are an MLP's alone")
     gated = sum(1 for l in up if l[2] == ffn) >= 2
     if fused:
         kv_dim = (fused[0][2] - h) // 2
@@ -227,7 +233,10 @@ def _outside_norms(model: nn.Module, blocks: nn.Module) -> tuple[bool, bool]:
     inside = {id(m) for m in blocks.modules()}
     names = [n.lower() for n, m in model.named_modules() if _is_norm(m) and id(m) not in inside and n]
     emb = any("emb" in n for n in names)
-    final = any(not any(w in n for w in ("emb", "head", "cls", "pred", "pooler", "transform")) for n in names)
+    # a head's norm (BERT's cls.predictions.transform.LayerNorm) is not the stack's final norm; nanoGPT's
+    # transformer.ln_f is (a module path whose part is "transform", not a part containing it)
+    final = any(not any(w in n for w in ("emb", "head", "cls", "pred", "pooler")) and "transform" not in n.split(".")
+                for n in names)
     return emb, final
 
 
@@ -348,7 +357,8 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
         notes["assumed"].append("the script's own input projection (patches, frames) and its classifier head are "
                                 "left out of time and memory (one GEMM each, small next to the blocks)")
     heads, kv_heads = _heads(blocks[0], h, notes)
-    mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes)
+    mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes,
+                             any(isinstance(m, nn.MultiheadAttention) for m in blocks[0].modules()))
     kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // (h // heads))
     mlp.pop("kv_dim", None)
     head = _head(model, blocks, tokens, h)
@@ -439,7 +449,9 @@ def _num_weight_layers(model: nn.Module) -> int:
                and isinstance(getattr(m, "weight", None), torch.Tensor) and len(_shape(m.weight)) >= 2)
 
 
-HF_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
+HF_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
+"""A Hugging Face config's width under its family's name (DistilBERT's `dim`): predictor.catalog.HF_WIDTH_KEYS,
+repeated here because this file runs in the user's process without the zerotune package (a test holds them equal)."""
 """A Hugging Face config with one of these describes a transformer zerotune.predictor.catalog can build."""
 
 

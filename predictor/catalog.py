@@ -22,7 +22,8 @@ from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.units import GIB, GIGA, MICRO, NANO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware",
-           "model_from_hf_config", "model_from_hf_dict", "nearest", "safe_name", "MODEL_LIMITS", "HARDWARE_LIMITS"]
+           "model_from_hf_config", "model_from_hf_dict", "nearest", "safe_name", "MODEL_LIMITS", "HARDWARE_LIMITS",
+           "HF_WIDTH_KEYS"]
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
@@ -158,6 +159,8 @@ _HF_KEYS = {"num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_laye
             "encoder_layers": ("encoder_layers",), "decoder_layers": ("decoder_layers", "num_decoder_layers"),
             "vocab_size": ("vocab_size",),
             "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx")}
+HF_WIDTH_KEYS = _HF_KEYS["hidden_size"]
+"""The keys a Hugging Face config states its width under (DistilBERT's `dim`)."""
 
 
 class _NamedIntegers:

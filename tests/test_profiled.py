@@ -293,6 +293,65 @@ def test_a_model_without_transformer_blocks_is_described_by_a_stand_in_of_its_me
     assert load_model(_yaml(tmp_path, run)).num_params == spec.num_params
 
 
+def test_blocks_of_mlps_alone_are_described_by_the_stand_in_not_given_attention(tmp_path: Path) -> None:
+    """tests/fixtures/scripts/mlp_regression.py: an nn.Sequential of residual MLP blocks over feature vectors. Its
+    blocks repeat, but hold no attention: read as transformer blocks they were given four h x h projections each
+    (a 50M-parameter MLP of this kind described as 75M) and, with no token or sequence input, the tune stopped
+    asking for --seq_len. Now the description says the block has no attention, and the model's measured costs
+    describe it: its parameters, one position per sample, its forward FLOPs."""
+    from zerotune.calibrate.inspect_model import readable
+    from zerotune.predictor.flops import layer_forward_flops
+    module = _script("mlp_regression")
+    net = module.Regressor()
+    doc = describe(net)
+    assert doc["structure"] is None and "no attention" in doc["error"] and not readable(doc)
+    batch = 4
+    per_sample = module.BLOCKS * 2 * 2 * module.FEATURES * module.FFN + 2 * module.FEATURES
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, net, [{"name": "", "shape": [batch, module.FEATURES], "dtype": "float32"}],
+                   stand_in=True, model_forward_flops=batch * per_sample, model_saved_bytes=batch * 1.6e5,
+                   train_micro_batch_size_per_gpu=batch)
+    run = read_profiled(prefix, "mlp", 2)
+    counted = sum(p.numel() for p in net.parameters())
+    assert abs(run.model.num_params - counted) / counted < 0.01
+    assert run.seq_len == 1 and run.micro_batch == batch
+    assert run.model.num_layers * layer_forward_flops(run.model, 1, 1) == pytest.approx(per_sample, rel=0.03)
+
+
+def test_a_nanogpt_style_final_norm_is_read_inside_a_module_named_transformer() -> None:
+    """tests/fixtures/scripts/nanogpt_loop.py keeps its blocks and final norm in `transformer` (wte, wpe, h, ln_f):
+    the final norm's name contains "transform", by which BERT's head transform (cls.predictions.transform.LayerNorm)
+    was told apart, so it had been read as having none."""
+    module = _script("nanogpt_loop")
+    doc = describe(module.GPT())
+    s = doc["structure"]
+    assert (s["num_layers"], s["hidden_size"], s["num_heads"], s["ffn_hidden_size"], s["vocab_size"]) == \
+        (module.LAYERS, module.WIDTH, module.HEADS, 4 * module.WIDTH, module.VOCAB)
+    assert s["final_norm"] and not s["embedding_norm"] and s["tied_embeddings"]
+    assert doc["num_params"] == sum(p.numel() for p in module.GPT().parameters())
+    transformers = pytest.importorskip("transformers")
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
+                                                                num_attention_heads=4, intermediate_size=256))
+    assert not describe(bert)["structure"]["final_norm"]  # post-LN: the head transform's norm is the head's
+
+
+def test_distilberts_config_width_key_is_read(tmp_path: Path) -> None:
+    """DistilBERT states its width as `dim`: its config was skipped ("without a vocabulary") and the modules read
+    instead. The key lists of the catalog and of the file that runs in the user's process agree."""
+    from zerotune.calibrate import inspect_model
+    from zerotune.predictor.catalog import HF_WIDTH_KEYS
+    assert inspect_model.HF_WIDTH_KEYS == HF_WIDTH_KEYS and "dim" in HF_WIDTH_KEYS
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DistilBertConfig(vocab_size=3000, dim=128, n_layers=2, n_heads=4, hidden_dim=512)
+    model = transformers.DistilBertForSequenceClassification(config)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "input_ids", "shape": [2, 64], "dtype": "int64"}])
+    run = read_profiled(prefix, "distilbert", 2)
+    assert run.read[0].startswith("Hugging Face config (model_type distilbert) of the engine's module")
+    m = run.model
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size) == (2, 128, 4, 512, 3000)
+
+
 def _yaml(tmp_path: Path, run) -> Path:  # type: ignore[no-untyped-def]
     path = tmp_path / "model_profiled.yaml"
     path.write_text(model_yaml(run, "test"))

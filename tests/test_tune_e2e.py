@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -344,28 +345,38 @@ def test_lora_finetune_script_is_read_with_what_trains(tmp_path: Path) -> None:
     assert model.num_trainable_params == 393_216 and model.num_params == 30_798_848
 
 
-def test_a_convolutional_script_is_tuned_through_a_stand_in_of_its_measured_costs(tmp_path: Path) -> None:
-    """DeepSpeedExamples' CIFAR style with a CNN (no transformer block to read): the real profiling run counts its
-    forward FLOPs and the bytes it keeps for backward, the stand-in model carries them and its parameter count, and
-    the tune runs and writes ds_config_optimal.json as for any script (no --model, no --seq_len)."""
-    from zerotune.predictor import load_model
+def _fixture(name: str):  # type: ignore[no-untyped-def]
+    """A fixture script's module, for its model classes and constants."""
+    spec = importlib.util.spec_from_file_location(f"zt_fixture_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _tune_with_ds_optimizer(tmp_path: Path, script: str, micro: list[int]) -> Path:
+    """`zerotune tune --top_k 1` of a fixture script taking its optimizer (torch's AdamW) from the ds_config, as
+    DeepSpeedExamples' scripts do; the results folder."""
     from zerotune.validate.tune import run_tune
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import cnn_classifier
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    config = _script_config(tmp_path, [4, 8])
+    config = _script_config(tmp_path, micro)
     doc = json.loads(config.read_text())
     doc["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}
     config.write_text(json.dumps(doc))
     parser = argparse.ArgumentParser()
     add_tune_arguments(parser)
     args = parser.parse_args(["--num_gpus", "2", "--hardware", "cpu", "--timeout_s", "400", "--explore", "none",
-                              "--top_k", "1", "--memory_cap_gib", "6", str(SCRIPTS / "cnn_classifier.py"),
+                              "--top_k", "1", "--memory_cap_gib", "6", str(SCRIPTS / script),
                               "--deepspeed", "--deepspeed_config", str(config), "--steps", "20"])
     assert run_tune(args) == 0
-    results = tmp_path / "results"
+    return tmp_path / "results"
+
+
+def test_a_convolutional_script_is_tuned_through_a_stand_in_of_its_measured_costs(tmp_path: Path) -> None:
+    """DeepSpeedExamples' CIFAR style with a CNN (no transformer block to read): the real profiling run counts its
+    forward FLOPs and the bytes it keeps for backward, the stand-in model carries them and its parameter count, and
+    the tune runs and writes ds_config_optimal.json as for any script (no --model, no --seq_len)."""
+    from zerotune.predictor import load_model
+    cnn_classifier = _fixture("cnn_classifier")
+    results = _tune_with_ds_optimizer(tmp_path, "cnn_classifier.py", [4, 8])
     model = load_model(results / "model_profiled.yaml")
     counted = sum(p.numel() for p in cnn_classifier.ConvNet().parameters())
     assert abs(model.num_params - counted) / counted < 1e-3
@@ -377,3 +388,19 @@ def test_a_convolutional_script_is_tuned_through_a_stand_in_of_its_measured_cost
     assert f"{per_image:.4g} forward FLOPs" in (results / "model_profiled.yaml").read_text()
     assert len(read_jsonl(results / "measurements.jsonl")) == 1
     assert json.loads((results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] in (4, 8)
+
+
+def test_a_residual_mlp_over_feature_vectors_is_tuned_without_a_sequence_length(tmp_path: Path) -> None:
+    """tests/fixtures/scripts/mlp_regression.py: repeated blocks without attention and no token or sequence input.
+    The profiling run used to read them as transformer blocks and stop ("saw no token input ...; give --seq_len",
+    exit 2), which DeepSpeed's autotuner never asks; now its measured costs describe it (one position per sample,
+    its parameters) and the tune runs through."""
+    from zerotune.predictor import load_model
+    mlp_regression = _fixture("mlp_regression")
+    results = _tune_with_ds_optimizer(tmp_path, "mlp_regression.py", [8, 16])
+    model = load_model(results / "model_profiled.yaml")
+    counted = sum(p.numel() for p in mlp_regression.Regressor().parameters())
+    assert abs(model.num_params - counted) / counted < 0.01
+    assert "no attention" in (results / "model_profiled.yaml").read_text()
+    assert len(read_jsonl(results / "measurements.jsonl")) == 1
+    assert json.loads((results / "ds_config_optimal.json").read_text())["train_micro_batch_size_per_gpu"] in (8, 16)

@@ -24,7 +24,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import yaml
 
 from zerotune.predictor.activations import layer_activation_bytes
-from zerotune.predictor.catalog import model_from_hf_dict
+from zerotune.predictor.catalog import HF_WIDTH_KEYS, model_from_hf_dict
 from zerotune.predictor.dsconfig import OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
@@ -171,7 +171,7 @@ def _spec(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, seq
     # a config without a vocabulary (ViTConfig) cannot describe a model the modules show has no token embedding
     tokenless = bool(structure) and structure.get("vocab_size") == 0 and not (hf or {}).get("vocab_size")
     # a config describes the model with a vocabulary, or with the modules' structure beside it (inspect_model.readable)
-    if hf and (hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")) and not tokenless \
+    if hf and any(hf.get(k) for k in HF_WIDTH_KEYS) and not tokenless \
             and (structure or hf.get("vocab_size")):
         read.insert(0, f"Hugging Face config (model_type {hf.get('model_type', '?')}) of the engine's module")
         assumed.clear()  # what the module reading had to assume (heads, positions), the config states
