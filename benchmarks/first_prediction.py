@@ -60,7 +60,7 @@ SCRIPT_LIST = (
     Script("bert_cls_ckpt", "bert_cls_trainer.py", "trainer", script_args=("--gradient_checkpointing",)),
     Script("moe", "mixtral_moe_loop.py", "loop"), Script("seq2seq", "seq2seq_transformer.py", "loop"),
     Script("albert", "albert_mlm_loop.py", "loop", ds_optimizer=True),
-    Script("mlp", "mlp_regression.py", "loop"), Script("nanogpt", "nanogpt_loop.py", "loop"),
+    Script("mlp", "mlp_regression.py", "loop", ds_optimizer=True), Script("nanogpt", "nanogpt_loop.py", "loop"),
 )
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"
 _PROFILE = re.compile(rf"profiling run (\S+): measured {_NUMBER} samples/s, predicted {_NUMBER} \(band {_NUMBER}-"

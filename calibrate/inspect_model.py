@@ -474,6 +474,7 @@ def describe(model: nn.Module) -> dict[str, Any]:
         out["structure"] = _structure(model, notes)
     except LookupError as exc:
         out["error"] = str(exc)
+        notes = {"read": [], "assumed": []}  # what the reading had noted describes no structure that was kept
     found = find_blocks(model)
     if found is not None and out["structure"] is not None:
         out["params_by_kind"] = _params_by_kind(model, found[1])

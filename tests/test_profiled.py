@@ -305,6 +305,7 @@ def test_blocks_of_mlps_alone_are_described_by_the_stand_in_not_given_attention(
     net = module.Regressor()
     doc = describe(net)
     assert doc["structure"] is None and "no attention" in doc["error"] and not readable(doc)
+    assert not doc["read"] and not doc["assumed"]  # no notes of a structure that was not kept (heads, embeddings)
     batch = 4
     per_sample = module.BLOCKS * 2 * 2 * module.FEATURES * module.FFN + 2 * module.FEATURES
     prefix = tmp_path / "profiled"
