@@ -213,8 +213,8 @@ def test_each_experiments_peak_memory_is_read_from_its_ranks_and_kept_for_a_reru
         assert spec.env["PYTHONPATH"].split(":") == [str(PROFILING_SITE), "/user/lib"]
         prefix = Path(spec.env["ZEROTUNE_PEAK_OUT"])
         assert prefix.parent == spec.run_dir
-        for rank, peak in ((0, 3e9), (1, 4e9)):
-            Path(f"{prefix}.rank{rank}.json").write_text(json.dumps({"peak_memory_bytes": peak}))
+        for index, peak in ((0, 3e9), (1, 4e9)):
+            Path(f"{prefix}.rank{index}.json").write_text(json.dumps({"peak_memory_bytes": peak}))
         return run
     outcome = tune(settings, with_peaks, log=lambda _: None)
     assert outcome.results and all(r.peak_memory_bytes == 4e9 for r in outcome.results)
@@ -645,6 +645,27 @@ def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tm
     assert corrected.results[0].prediction.step_s > 1.5 * plain.results[0].prediction.step_s * 6 / 8
     stored = read_jsonl(tmp_path / "again" / "results" / "measurements.jsonl")
     assert [m.source for m in stored] != ["profiling run"] and len(stored) == 1
+
+
+def test_a_profiling_run_faster_than_the_choice_is_reported(tmp_path: Path) -> None:
+    """A profiling run is not a candidate (its configuration is not run again), so when it measured better than
+    every experiment (the machine's pace changed during the tune: a nanoGPT-style script's micro-batch 1 at 4.64
+    samples/s, the chosen micro-batch 5 at 3.75), the log and summary.txt say so and what to do."""
+    from zerotune.calibrate.measurement import Measurement
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, world_size=WORLD)
+    fake = FakeLauncher()  # 0.01 s x sqrt(micro-batch) a step: micro-batch 1 runs 1 / 0.01 x 2 ranks = 200 samples/s
+    lines: list[str] = []
+
+    def ran_at(step_s: float, where: Path):  # type: ignore[no-untyped-def]
+        given = Measurement(model=TINY, hardware="cpu", num_nodes=1, num_gpus_per_node=WORLD, seq_len=SEQ_LEN,
+                            config=cfg, status="ok", step_s=step_s, source="profiling run")
+        return tune(_settings(where, [6, 8], [0], top_k=1), fake, log=lines.append, initial=[given])
+    slow = ran_at(0.05, tmp_path / "slow")  # 40 samples/s: slower than any experiment
+    assert not any("profiling run (z0_gas1_tmbspg1) measured" in line for line in lines)
+    fast = ran_at(0.001, tmp_path / "fast")  # 2000 samples/s
+    (note,) = [line for line in lines if "profiling run (z0_gas1_tmbspg1) measured" in line]
+    assert fast.best is not None and slow.best is not None and "better than the chosen" in note and "rerun" in note
+    assert "profiling run (z0_gas1_tmbspg1)" in (tmp_path / "fast" / "results" / "summary.txt").read_text()
 
 
 def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:

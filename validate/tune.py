@@ -41,7 +41,7 @@ from zerotune.calibrate.launch import deepspeed_command, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import Efficiency, Job, estimate, experiment_name
 from zerotune.predictor.dsconfig import AutotuningConfig
-from zerotune.predictor.rank import Metric, Uncertainty, _band, evaluate_space, rank
+from zerotune.predictor.rank import MAXIMISED, Metric, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import SearchSpace, explorable_on, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate.calibration import (Calibration, allreduce_paced, calibration_for, host_paced, paced,
@@ -54,7 +54,8 @@ from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, prof
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
-from zerotune.validate.runs import finished_earlier, launch_spec, measurement_of, run_experiment
+from zerotune.validate.runs import (EARLY_STOP_MARGIN, finished_earlier, launch_spec, measurement_of,
+                                   run_experiment)
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
                                       candidate_table, fit_probabilities, measured_job, measured_memory_ratio,
                                       observation_of, prediction_of, run_search)
@@ -269,9 +270,34 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
                        time.monotonic() - start)
         raise
     duration_s = time.monotonic() - start
+    faster = _faster_before(initial, best_result(results, at.metric), at.metric)
+    if faster:
+        log(f"zerotune tune: {faster}")
+        stop_reason = f"{stop_reason}; note: {faster}"
     cmd = _write_outputs(settings, job, at, layout, results, stop_reason, duration_s)
     _plots(job, space, model, results, layout)
     return TuneOutcome(tuple(results), best_result(results, at.metric), stop_reason, layout, cmd, duration_s)
+
+
+def _faster_before(initial: Sequence[Measurement], best: ExperimentResult | None, metric: Metric) -> str | None:
+    """What to tell the user when a measurement made before the search (the profiling run) beat the chosen
+    configuration by more than the step-to-step spread: it is not a candidate (its few steps ran with the profiling
+    site's hooks), so either the machine's pace changed while the tune ran, or the profiling run's steps misled.
+    Seen on this project's CPU VM (2026-11-28, two tunes of one nanoGPT-style script side by side with other jobs):
+    the profiling run measured 4.64 samples/s at micro-batch 1, the chosen micro-batch 5 3.75."""
+    if best is None or best.metric_value is None or metric == "flops":
+        return None
+    for m in initial:
+        if m.status != "ok" or not m.measured_step_s:
+            continue
+        value = m.samples_per_step / m.measured_step_s if metric == "throughput" else m.measured_step_s * 1e3
+        gain = value / best.metric_value if MAXIMISED[metric] else best.metric_value / value
+        if gain > 1.0 + EARLY_STOP_MARGIN:
+            return (f"the profiling run ({experiment_name(m.config)}) measured {metric} {value:.4g}, "
+                    f"{100 * (gain - 1):.0f}% better than the chosen {best.name}'s {best.metric_value:.4g}: the "
+                    f"machine's pace may have changed during the tune; rerun it, or run "
+                    f"{experiment_name(m.config)} yourself to compare")
+    return None
 
 
 def _changed_flags(given: Sequence[str], optimal_cmd: Sequence[str], flags: Iterable[str]) -> str:
