@@ -158,6 +158,17 @@ ALBERT_JOB = BenchJob(
     extra_config={"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}},
     shows="ALBERT's masked LM in DeepSpeedExamples' BERT style (optimizer from the ds_config): eight layers that run "
           "one block's weights, which the profiling run reads from the model's config and the block's calls")
+MLP_JOB = BenchJob(
+    name="mlp", model="mlp_regression (6 residual MLP blocks 256 -> 1024, feature vectors, no tokens)", seq_len=0,
+    stages=(0, 1, 2, 3), max_micro_batch=128, script=str(USER_SCRIPTS / "mlp_regression.py"),
+    script_flags=("--deepspeed",),
+    extra_config={"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}},
+    shows="a user's residual MLP over feature vectors in DeepSpeedExamples' style (optimizer from the ds_config): "
+          "repeated blocks without attention and no sequence, described by a stand-in of their measured costs")
+NANOGPT_JOB = BenchJob(
+    name="nanogpt", model="nanogpt_loop (5 x 384, 6 heads, vocabulary 7000, tied)", seq_len=192, stages=(0, 1, 2, 3),
+    max_micro_batch=32, script=str(USER_SCRIPTS / "nanogpt_loop.py"), script_flags=("--deepspeed",),
+    shows="a nanoGPT-style decoder written from scratch (fused c_attn, causal SDPA, client AdamW)")
 GPU_JOB = BenchJob(
     name="gpu", model="qwen2_loop (16 x 1024, 16 heads sharing 4 K/V heads, vocabulary 32000)", seq_len=1024,
     stages=(0, 1, 2, 3), max_micro_batch=32, num_gpus=1, hardware="h200", script=str(USER_SCRIPTS / "qwen2_loop.py"),
@@ -169,7 +180,7 @@ GPU01_JOB = replace(
     shows="the gpu job with stages [0, 1]: a head to head that fits one session's 15 minutes of device time (on "
           "2026-11-27 DeepSpeed's autotuner took 25-33 s a run and had not left stage 1 after 230 s)")
 FULL_JOBS = (BUILTIN_JOB, WIDE_JOB, LATENCY_JOB, UNCALIBRATED_JOB)
-SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB, CNN_JOB, ALBERT_JOB)
+SCRIPT_JOBS = (ENCODER_JOB, DECODER_JOB, VIT_JOB, HF_LOOP_JOB, CNN_JOB, ALBERT_JOB, MLP_JOB, NANOGPT_JOB)
 JOBS = {job.name: job for job in (QUICK_JOB, *FULL_JOBS, *SCRIPT_JOBS, GPU_JOB, GPU01_JOB)}
 
 
