@@ -168,8 +168,9 @@ def measured_job(job: Job, measurement: Measurement) -> Job:
 def measured_memory_ratio(memory: MemoryEstimate, kind: str, peak_allocated_bytes: float | None) -> float | None:
     """The counterpart of a configuration's predicted memory ratio with the run's measured peak in it: the
     allocator's peak (torch.cuda.max_memory_allocated, Measurement.peak_memory_bytes) in place of the predicted
-    live bytes (MemoryEstimate.live_bytes), the runtime's reserve and the allocator's slack as predicted, over the device's
-    capacity. GPUs only: on the CPU the peak is the process's RSS, and the ranks of a node share its memory."""
+    live bytes (MemoryEstimate.live_bytes), the runtime's reserve and the allocator's slack as predicted, over the
+    device's capacity. GPUs only: on the CPU the peak is the process's RSS, and the ranks of a node share its
+    memory."""
     if kind != "gpu" or not peak_allocated_bytes or peak_allocated_bytes <= 0:
         return None
     return (peak_allocated_bytes + memory.total_bytes - memory.live_bytes) / memory.capacity_bytes

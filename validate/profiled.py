@@ -29,8 +29,8 @@ from zerotune.predictor.dsconfig import OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
 
-__all__ = ["PROFILING_SITE", "peak_env", "read_peak_bytes", "MatmulPace", "ProfiledRun", "profiling_env", "read_profiled", "median_step_s",
-           "step_rel_error", "model_yaml", "precision_of_dtype"]
+__all__ = ["PROFILING_SITE", "peak_env", "read_peak_bytes", "MatmulPace", "ProfiledRun", "profiling_env",
+           "read_profiled", "median_step_s", "step_rel_error", "model_yaml", "precision_of_dtype"]
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2

@@ -101,7 +101,8 @@ from zerotune.validate.candidates import (MEASURED, NOISE_STD, Candidates, Famil
 from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice",
-           "posterior", "memory_bounds", "candidate_memory_bounds", "fit_probability", "fit_probabilities", "choose", "run_search", "metric_gain", "metric_of_goodness",
+           "posterior", "memory_bounds", "candidate_memory_bounds", "fit_probability", "fit_probabilities", "choose",
+           "run_search", "metric_gain", "metric_of_goodness",
            "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
            "already_measured", "measured_memory_ratio", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR",
            "MEASURED_MEMORY_REL", "MEASURED_MEMORY_OTHER_REL", "MEASURED_MEMORY_ABS"]
@@ -348,11 +349,12 @@ def memory_bounds(observations: Sequence[Observation], uncertainty: Uncertainty)
 def candidate_memory_bounds(cands: Candidates, observations: Sequence[Observation],
                             uncertainty: Uncertainty) -> tuple[np.ndarray, np.ndarray]:
     """Per candidate, (lowest, highest) scale r of its predicted peak memory. Without a measured peak, the same
-    for all: memory_bounds. Runs that recorded their peak (Observation.measured_memory_ratio) replace the prior:
-    each run's r is its measured over its predicted ratio, within MEASURED_MEMORY_REL for its own family and
+    for all: memory_bounds. Runs that recorded their peak (Observation.measured_memory_ratio) narrow it: each run's
+    r is its measured over its predicted ratio, within MEASURED_MEMORY_REL for its own family and
     MEASURED_MEMORY_OTHER_REL for the rest, plus MEASURED_MEMORY_ABS of the device over the share the run used
     (a run that filled a few percent of the device says little of the scale at the top); the runs' bands
-    intersect, and what ran out of memory or fitted still bounds them."""
+    intersect, what ran out of memory or fitted still bounds them, and where they fall outside the prior's band
+    they stand alone."""
     low, high = memory_bounds(observations, uncertainty)
     runs = [(o.family, o.measured_memory_ratio / o.memory_ratio, o.measured_memory_ratio) for o in observations
             if o.status in MEASURED and o.measured_memory_ratio and o.memory_ratio > 0]
