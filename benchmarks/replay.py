@@ -239,6 +239,15 @@ def _candidates(rows: Sequence[GridRow], wrong: Wrong | None) -> tuple[Candidate
                       gain, larger_batch_better=bound), np.array(measured), np.array(used)
 
 
+def _observed(cands: Candidates, rows: Sequence[GridRow], used: np.ndarray, i: int,
+              measure_memory: bool = True) -> Observation:
+    """Running candidate i: what its row measured (and its measured memory ratio, `used`, unless hidden)."""
+    row = rows[i]
+    return Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
+                       float(cands.memory_ratio[i]), row.status, row.step_s if row.status == "ok" else None, i,
+                       measured_memory_ratio=(float(used[i]) or None) if measure_memory else None)
+
+
 def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None,
                  measure_memory: bool = True) -> GroupOutcome:
     """The search on one group; wrong_seed draws a deliberately wrong model (None: the real one); measure_memory
@@ -249,12 +258,8 @@ def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | No
     _, uncertainty = _profile(rows[0].job.cluster.hardware.name)
 
     def run(choice: Choice) -> Observation:
-        i = choice.index
-        assert i is not None
-        row = rows[i]
-        return Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
-                           float(cands.memory_ratio[i]), row.status, row.step_s if row.status == "ok" else None, i,
-                           measured_memory_ratio=(float(used[i]) or None) if measure_memory else None)
+        assert choice.index is not None
+        return _observed(cands, rows, used, choice.index, measure_memory)
 
     ran, reason = run_search(cands, uncertainty, budget, run)
     best = int(np.argmax(measured))
@@ -309,9 +314,7 @@ def memory_band_check(groups: Sequence[Group]) -> MemoryBandCheck:
         for i, row in enumerate(rows):
             if not used[i]:
                 continue
-            ran = Observation(cands.families[cands.family[i]], int(cands.micro_batch[i]), float(cands.step_s[i]),
-                              float(cands.memory_ratio[i]), "ok", row.step_s, i, measured_memory_ratio=float(used[i]))
-            low, high = candidate_memory_bounds(cands, [ran], uncertainty)
+            low, high = candidate_memory_bounds(cands, [_observed(cands, rows, used, i)], uncertainty)
             for j, other in enumerate(rows):
                 if j == i or not (used[j] or other.status == "oom"):
                     continue

@@ -450,9 +450,9 @@ def _num_weight_layers(model: nn.Module) -> int:
 
 
 HF_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "dim")
-"""A Hugging Face config's width under its family's name (DistilBERT's `dim`): predictor.catalog.HF_WIDTH_KEYS,
-repeated here because this file runs in the user's process without the zerotune package (a test holds them equal)."""
-"""A Hugging Face config with one of these describes a transformer zerotune.predictor.catalog can build."""
+"""A Hugging Face config with one of these (DistilBERT's `dim` among them) describes a transformer
+zerotune.predictor.catalog can build: its HF_WIDTH_KEYS, repeated here because this file runs in the user's process
+without the zerotune package (a test holds them equal)."""
 
 
 def readable(doc: dict[str, Any]) -> bool:

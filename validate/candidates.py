@@ -105,9 +105,8 @@ class Observation:
     """Standard error of log(step_s): NOISE_STD, or more for a run whose few steps spread widely (the profiling run
     at the smallest micro-batch)."""
     measured_memory_ratio: float | None = None
-    """The run's measured peak device memory over the device's capacity (the allocator's reserved peak on a GPU,
-    what an out-of-memory is decided on), where the run recorded it: it pins the memory model's scale
-    (search.memory_bounds)."""
+    """The run's memory ratio with its measured peak in place of the predicted live bytes (measured_memory_ratio),
+    where the run recorded one: it pins the memory model's scale (search.candidate_memory_bounds)."""
 
 
 # -- the space of `tune` as candidates ----------------------------------------------------------------------
