@@ -850,13 +850,20 @@ def test_a_train_batch_size_no_micro_batch_divides_is_refused_before_any_run(tmp
     ("NVIDIA A100-SXM4-40GB, 40960", "a100-40gb"),
     ("NVIDIA A100-SXM4-80GB, 81920", "a100-80gb"),
     ("Tesla V100-SXM2-16GB, 16160", "v100-16gb"),
+    ("NVIDIA H100 PCIe, 81559", "h100-pcie"),  # not the SXM card's h100-80gb, whose family and memory it shares
+    ("NVIDIA L4, 23034", "l4"),
+    ("NVIDIA L40S, 46068", "l40s"),
+    ("NVIDIA GeForce RTX 4090, 24564", "rtx-4090"),
+    ("NVIDIA RTX A6000, 49140", "rtx-a6000"),
 ])
 def test_tune_on_a_gpu_without_hardware_uses_the_catalog_gpu_nvidia_smi_names(line: str, entry: str) -> None:
     assert detected_gpu(line + "\n" + line + "\n") == entry
 
 
 @pytest.mark.parametrize("line, named", [("NVIDIA H100 NVL, 95830", "NVIDIA H100 NVL with 94 GiB"),
-                                         ("NVIDIA L4, 23034", "NVIDIA L4 with 22 GiB"), ("", "listed none")])
+                                         ("NVIDIA A10G, 23028", "NVIDIA A10G with 22 GiB"),
+                                         ("NVIDIA GeForce RTX 3090, 24576", "RTX 3090 with 24 GiB"),
+                                         ("", "listed none")])
 def test_a_gpu_the_catalog_lacks_is_named_and_hardware_asked_for(line: str, named: str) -> None:
     with pytest.raises(ValueError, match=f"which GPU is this\\? .*{named}.*give --hardware"):
         detected_gpu(line)

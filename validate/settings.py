@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
@@ -244,9 +245,10 @@ def _nvidia_smi_gpus() -> str:
 
 
 def detected_gpu(nvidia_smi: str) -> str:
-    """The catalog GPU that nvidia-smi's first `name, memory.total [MiB]` line describes: the catalog name's family
-    (h100, a100 ...) in the device's name and its memory within 15% of the catalog's (an H100 NVL's 94 GB is not
-    the catalog's 80 GB H100). Raises ValueError naming the device when no catalog entry matches."""
+    """The catalog GPU that nvidia-smi's first `name, memory.total [MiB]` line describes: every part of the catalog
+    name but its memory (h100 and pcie of h100-pcie, a100 of a100-80gb) in the device's name, the entry naming the
+    most of them, and its memory within 15% of the catalog's (an H100 NVL's 94 GB is not the catalog's 80 GB
+    H100). Raises ValueError naming the device when no catalog entry matches."""
     first = next((line for line in nvidia_smi.splitlines() if line.strip()), "")
     name, _, mib = first.rpartition(",")
     try:
@@ -254,11 +256,15 @@ def detected_gpu(nvidia_smi: str) -> str:
     except ValueError:
         raise ValueError("which GPU is this? nvidia-smi listed none; give --hardware (a data/hardware name or "
                          "YAML)") from None
+    matches = []
     for entry in list_hardware():
         hw = load_hardware(entry)
-        if hw.kind == "gpu" and entry.split("-")[0].upper() in name.upper() \
+        parts = [p for p in entry.upper().split("-") if not re.fullmatch(r"\d+GB", p)]
+        if hw.kind == "gpu" and all(p in name.upper() for p in parts) \
                 and abs(memory - hw.memory_bytes) <= 0.15 * hw.memory_bytes:
-            return entry
+            matches.append((len(parts), entry))
+    if matches:  # the most specific entry: an "NVIDIA H100 PCIe" is h100-pcie, not the SXM card's h100-80gb
+        return max(matches, key=lambda m: m[0])[1]
     raise ValueError(f"which GPU is this? the catalog has no {name.strip()} with {memory / GIB:.0f} GiB; give "
                      f"--hardware (a data/hardware YAML for it, or the nearest of {', '.join(list_hardware())})")
 
