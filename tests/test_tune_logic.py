@@ -648,8 +648,8 @@ def test_initial_measurements_correct_the_predictions_but_are_not_experiments(tm
 
 
 def test_a_profiling_run_faster_than_the_choice_is_reported(tmp_path: Path) -> None:
-    """A profiling run is not a candidate (its configuration is not run again), so when it measured better than
-    every experiment (the machine's pace changed during the tune: a nanoGPT-style script's micro-batch 1 at 4.64
+    """A profiling run whose configuration is not in the space (micro-batch 1 here) cannot be run again, so when it
+    measured better than every experiment (the machine's pace changed during the tune: a nanoGPT-style script's micro-batch 1 at 4.64
     samples/s, the chosen micro-batch 5 at 3.75), the log and summary.txt say so and what to do."""
     from zerotune.calibrate.measurement import Measurement
     cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, world_size=WORLD)
@@ -666,6 +666,26 @@ def test_a_profiling_run_faster_than_the_choice_is_reported(tmp_path: Path) -> N
     (note,) = [line for line in lines if "profiling run (z0_gas1_tmbspg1) measured" in line]
     assert fast.best is not None and slow.best is not None and "better than the chosen" in note and "rerun" in note
     assert "profiling run (z0_gas1_tmbspg1)" in (tmp_path / "fast" / "results" / "summary.txt").read_text()
+
+
+def test_a_profiling_run_faster_than_every_experiment_is_rerun_as_one_and_can_be_chosen(tmp_path: Path) -> None:
+    """Where the profiling run's configuration is a candidate and it measured better than every experiment by more
+    than their spread (a script padding each batch to its longest sequence: micro-batch 1 at 15.8 samples/s, the
+    four experiments at micro-batches 6-14 13.6-14.0), tune runs it as an experiment before choosing: like is
+    compared with like, and the faster configuration is written, not only reported."""
+    from zerotune.calibrate.measurement import Measurement
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, world_size=WORLD)
+    fake = FakeLauncher(step_s=lambda d: 0.01 * d["train_micro_batch_size_per_gpu"] ** 1.2)  # mb 1: 200 samples/s
+    given = Measurement(model=TINY, hardware="cpu", num_nodes=1, num_gpus_per_node=WORLD, seq_len=SEQ_LEN, config=cfg,
+                        status="ok", step_s=0.01, source="profiling run")
+    lines: list[str] = []
+    outcome = tune(_settings(tmp_path, [1, 6, 8], [0], top_k=3), fake, log=lines.append, initial=[given])
+    names = [name for name, _ in fake.calls]
+    assert names[-1] == "z0_gas1_tmbspg1" and names.count("z0_gas1_tmbspg1") == 1 and len(names) <= 3
+    assert outcome.best is not None and outcome.best.name == "z0_gas1_tmbspg1"
+    assert json.loads(outcome.layout.optimal_config.read_text())["train_micro_batch_size_per_gpu"] == 1
+    assert any("running its configuration as an experiment" in line for line in lines)
+    assert "rerun" in outcome.stop_reason and not any("better than the chosen" in line for line in lines)
 
 
 def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:

@@ -102,6 +102,7 @@ from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice",
            "posterior", "memory_bounds", "candidate_memory_bounds", "fit_probability", "fit_probabilities", "choose",
+           "choice_at",
            "run_search", "metric_gain", "metric_of_goodness",
            "measured_best", "SearchTable", "candidate_table", "prediction_of", "observation_of", "measured_job",
            "already_measured", "measured_memory_ratio", "MEASURED", "BAND_Z", "MEMORY_Z", "NOISE_STD", "STAGE_ERROR",
@@ -520,6 +521,14 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
                       float(cands.step_s[top] * math.exp(post.mean[top])), float(p_fit[top]))
     score = np.where(can_beat, _expected_improvement(goodness, std, best) * p_fit * np.exp(-log_cost), -np.inf)
     return _choice(cands, int(np.argmax(score)), goodness, std, post, p_fit)
+
+
+def choice_at(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty, index: int) -> Choice:
+    """Candidate `index` as a Choice, with its prediction corrected by the observations (for an experiment the
+    search did not pick itself: tune's rerun of a profiling run's configuration)."""
+    post = posterior(cands, observations, uncertainty)
+    p_fit = fit_probabilities(cands, observations, uncertainty)
+    return _choice(cands, index, cands.gain - np.log(cands.step_s) - post.mean, post.std, post, p_fit)
 
 
 def run_search(cands: Candidates, uncertainty: Uncertainty, budget: int,

@@ -37,6 +37,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from zerotune.calibrate.launch import deepspeed_command, launch
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import Efficiency, Job, estimate, experiment_name
@@ -57,7 +59,7 @@ from zerotune.validate.results import (ExperimentResult, Layout, best_result, fo
 from zerotune.validate.runs import (EARLY_STOP_MARGIN, finished_earlier, launch_spec, measurement_of,
                                    run_experiment)
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
-                                      candidate_table, fit_probabilities, measured_job, measured_memory_ratio,
+                                      candidate_table, choice_at, fit_probabilities, measured_job, measured_memory_ratio,
                                       observation_of, prediction_of, run_search)
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of, settings_from_args
 
@@ -162,7 +164,16 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
     initial_obs += [_observation(table, index, result, job, model.efficiency) for index, result in earlier]
     done = already_measured(table, initial)
     done[[index for index, _ in earlier]] = True
-    _, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs, done)
+    ran, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs, done)
+    rerun = _profiling_rerun(table, initial, best_result(results, metric), metric)
+    if rerun is not None and len(ran) < budget:
+        index, value = rerun
+        log(f"zerotune tune: the profiling run ({experiment_name(table.config(index))}) measured {metric} "
+            f"{value:.4g}, better than every experiment by more than their spread: running its configuration as an "
+            f"experiment, to compare like with like")
+        run(choice_at(table.candidates, initial_obs + ran, model.uncertainty, index))
+        reason = (reason or f"the budget of {budget} experiments is spent") + \
+            "; then the profiling run's configuration, which had measured better than every experiment, was rerun"
     if reason is not None:
         best = best_result(results, metric)
         return reason + (f" ({best.name}: {metric} {best.metric_value:.4g})" if best is not None else "")
@@ -233,7 +244,8 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     `initial`: measurements of this job made before the tune (a profiling run of the script, an earlier tune's
     measurements.jsonl). They correct the predictions exactly as experiments do (zerotune.validate.search) but are not
     experiments: they count against no budget, are not candidates for the optimum and are not written to the
-    results folder. Their `config` must be a configuration of this job (same GPUs, model, sequence length)."""
+    results folder; one that measured better than every experiment has its configuration run as an experiment
+    when the budget allows (_profiling_rerun). Their `config` must be a configuration of this job (same GPUs, model, sequence length)."""
     start = time.monotonic()
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
@@ -279,24 +291,52 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     return TuneOutcome(tuple(results), best_result(results, at.metric), stop_reason, layout, cmd, duration_s)
 
 
-def _faster_before(initial: Sequence[Measurement], best: ExperimentResult | None, metric: Metric) -> str | None:
-    """What to tell the user when a measurement made before the search (the profiling run) beat the chosen
-    configuration by more than the step-to-step spread: it is not a candidate (its few steps ran with the profiling
-    site's hooks), so either the machine's pace changed while the tune ran, or the profiling run's steps misled.
-    Seen on this project's CPU VM (2026-11-28, two tunes of one nanoGPT-style script side by side with other jobs):
-    the profiling run measured 4.64 samples/s at micro-batch 1, the chosen micro-batch 5 3.75."""
+def _better_before(initial: Sequence[Measurement], best: ExperimentResult | None, metric: Metric
+                   ) -> list[tuple[Measurement, float, float]]:
+    """(measurement, its metric, gain over the best experiment) of each measurement made before the search (the
+    profiling run) that beat every experiment by more than the step-to-step spread (EARLY_STOP_MARGIN)."""
     if best is None or best.metric_value is None or metric == "flops":
-        return None
+        return []
+    beaten = []
     for m in initial:
         if m.status != "ok" or not m.measured_step_s:
             continue
         value = m.samples_per_step / m.measured_step_s if metric == "throughput" else m.measured_step_s * 1e3
         gain = value / best.metric_value if MAXIMISED[metric] else best.metric_value / value
         if gain > 1.0 + EARLY_STOP_MARGIN:
-            return (f"the profiling run ({experiment_name(m.config)}) measured {metric} {value:.4g}, "
-                    f"{100 * (gain - 1):.0f}% better than the chosen {best.name}'s {best.metric_value:.4g}: the "
-                    f"machine's pace may have changed during the tune; rerun it, or run "
-                    f"{experiment_name(m.config)} yourself to compare")
+            beaten.append((m, value, gain))
+    return beaten
+
+
+def _profiling_rerun(table: SearchTable, initial: Sequence[Measurement], best: ExperimentResult | None,
+                     metric: Metric) -> tuple[int, float] | None:
+    """(candidate index, measured metric) of a measurement made before the search (the profiling run) that beat every
+    experiment (_better_before), when its configuration is a candidate: the search does not rerun it
+    (already_measured), and its few steps ran under the profiling site's hooks, so it is run again as an experiment
+    before anything is chosen. Seen on this project's CPU VM (2026-11-28): a script padding each batch to its
+    longest sequence measured 15.8 samples/s at micro-batch 1 in the profiling run, 13.6-14.0 at micro-batches 6-14
+    in the four experiments, and the tune chose micro-batch 6 (longer padding at larger micro-batches, which the
+    model, costing every configuration at the longest length seen, does not tell apart)."""
+    for m, value, _ in _better_before(initial, best, metric):
+        indices = np.flatnonzero(already_measured(table, [m]))
+        if len(indices):
+            return int(indices[0]), value
+    return None
+
+
+def _faster_before(initial: Sequence[Measurement], best: ExperimentResult | None, metric: Metric) -> str | None:
+    """What to tell the user when a measurement made before the search (the profiling run) beat the chosen
+    configuration by more than the step-to-step spread and could not be rerun (_profiling_rerun: not a candidate,
+    or the budget spent), or was and measured slower: either the machine's pace changed while the tune ran, or the
+    profiling run's steps misled. Seen on this project's CPU VM (2026-11-28, two tunes of one nanoGPT-style script
+    side by side with other jobs): the profiling run measured 4.64 samples/s at micro-batch 1, the chosen
+    micro-batch 5 3.75."""
+    for m, value, gain in _better_before(initial, best, metric):
+        assert best is not None and best.metric_value is not None
+        return (f"the profiling run ({experiment_name(m.config)}) measured {metric} {value:.4g}, "
+                f"{100 * (gain - 1):.0f}% better than the chosen {best.name}'s {best.metric_value:.4g}: the "
+                f"machine's pace may have changed during the tune; rerun it, or run "
+                f"{experiment_name(m.config)} yourself to compare")
     return None
 
 
