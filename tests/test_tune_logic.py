@@ -688,6 +688,44 @@ def test_a_profiling_run_faster_than_every_experiment_is_rerun_as_one_and_can_be
     assert "rerun" in outcome.stop_reason and not any("better than the chosen" in line for line in lines)
 
 
+class DataLimitedLauncher(FakeLauncher):
+    """A script that reads `samples` samples once (one epoch) or runs `steps` optimizer steps, whichever ends first:
+    a configuration of train_batch_size T runs min(samples // T, steps) steps, printing each, and writes metrics
+    only if it reaches the engine's profile window (end_profile_step 2 in _settings: 3 steps)."""
+
+    def __init__(self, samples: int = 96, steps: int = 10 ** 6) -> None:
+        super().__init__()
+        self.samples, self.steps = samples, steps
+
+    def __call__(self, spec: LaunchSpec) -> RunResult:
+        done = min(self.samples // spec.ds_config["train_batch_size"], self.steps)
+        if done >= 3:
+            return super().__call__(spec)
+        self.calls.append((_name(spec), spec))
+        return RunResult("failed", "no metrics written", 0, 1.0, spec.run_dir, None, (0.01,) * done)
+
+
+def test_a_run_that_ends_before_the_profile_window_bounds_the_batch_of_the_next(tmp_path: Path) -> None:
+    """A script training one epoch of a small dataset runs fewer optimizer steps the larger its batch: an experiment
+    that ended early after k steps of S samples bounds the next to k x S / 3 samples a step, which reaches the
+    window (before: micro-batches 48, 47, ... 41 each ended after one step, the budget of 8 spent, no result)."""
+    launcher = DataLimitedLauncher(samples=96)  # 2 ranks: micro-batch 16 and below reach 3 steps
+    outcome = tune(_settings(tmp_path, [4, 8, 16, 24, 32, 40, 48], [0], top_k=8), launcher, log=lambda _: None)
+    ended = [r for r in outcome.results if r.status == "failed"]
+    assert all("ended before DeepSpeed's engine reached" in r.reason for r in ended) and len(ended) <= 2
+    assert outcome.best is not None and outcome.best.config.train_micro_batch_size_per_gpu <= 16
+    assert len(launcher.calls) <= 4
+
+
+def test_runs_that_end_early_whatever_their_batch_stop_the_search(tmp_path: Path) -> None:
+    """A script whose own loop stops after two optimizer steps ends every experiment before the window: after the
+    second such run, within the reach the first had set, the search stops and says what to change."""
+    launcher = DataLimitedLauncher(steps=2)
+    outcome = tune(_settings(tmp_path, [4, 8, 16, 24, 32, 40, 48], [0], top_k=8), launcher, log=lambda _: None)
+    assert len(launcher.calls) == 2 and outcome.best is None
+    assert "whatever their batch" in outcome.stop_reason and "end_profile_step" in outcome.stop_reason
+
+
 def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:
     # the head-to-head's uncalibrated job (issue 13): the shipped CPU profile exists, --profile none ignores it
     from zerotune.predictor.job import Efficiency

@@ -73,6 +73,9 @@ class Candidates:
     """metric_gain of each configuration."""
     cost_s: np.ndarray | None = None
     """Predicted wall seconds of running each as an experiment (start-up plus the timed steps); None: all alike."""
+    samples_per_step: np.ndarray | None = None
+    """Samples per optimizer step (micro-batch x accumulation x data-parallel ranks) of each configuration; None
+    where unknown (the replay), which leaves Observation.max_samples_per_step unused."""
     larger_batch_better: bool = True
     """Whether a family's metric may be taken to grow with the micro-batch (_dominated's micro-batch bound):
     throughput and FLOP/s on a GPU. Not latency (a step's time grows with the micro-batch), and not on the CPU,
@@ -107,6 +110,10 @@ class Observation:
     measured_memory_ratio: float | None = None
     """The run's memory ratio with its measured peak in place of the predicted live bytes (measured_memory_ratio),
     where the run recorded one: it pins the memory model's scale (search.candidate_memory_bounds)."""
+    max_samples_per_step: float | None = None
+    """For a run that ended before DeepSpeed's engine reached the profile window (the script's data or its own step
+    count ran out: validate.runs.ENDED_EARLY), the most samples per optimizer step a configuration may take and
+    still reach it; the search runs nothing above it."""
 
 
 # -- the space of `tune` as candidates ----------------------------------------------------------------------
@@ -134,7 +141,7 @@ def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric
     flops = np.asarray(table.model_flops_per_gpu, dtype=float).ravel()
     samples = np.asarray(table.samples_per_step, dtype=float).ravel()
     cands = Candidates(keys, family, np.tile(table.micro_batch, len(table.variants)), table.step_s.ravel(),
-                       ratio.ravel(), metric_gain(metric, samples, flops),
+                       ratio.ravel(), metric_gain(metric, samples, flops), samples_per_step=samples,
                        larger_batch_better=larger_batch_better(metric, hw.kind))
     return SearchTable(table, cands, flops)
 

@@ -19,7 +19,8 @@ from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp
 from zerotune.validate.settings import Launcher, TuneSettings
 
 __all__ = ["launch_spec", "run_experiment", "experiment_result", "window_step_s", "stop_rule_for", "measurement_of",
-           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios", "stopped_step_s"]
+           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios", "stopped_step_s", "ENDED_EARLY",
+           "max_samples_for_window"]
 
 
 PEAK_PREFIX = "peak"
@@ -180,6 +181,25 @@ def finished_earlier(settings: TuneSettings, job: Job, at: AutotuningConfig, lay
     return found
 
 
+ENDED_EARLY = "the script ended before DeepSpeed's engine reached"
+"""How an experiment's reason begins when the script exited cleanly before the engine's profile window ended (its
+data or its own step count ran out), so no metrics were written."""
+
+
+def max_samples_for_window(result: ExperimentResult, world_size: int, at: AutotuningConfig) -> float | None:
+    """For an experiment that ended early (ENDED_EARLY) after k optimizer steps of S samples each (the global timer
+    lines the engine printed, one a step with wall_clock_breakdown on: runtime/engine.py step), the samples a
+    configuration may take a step and still run the end_profile_step + 1 steps after which the engine writes its
+    metrics (engine.py step: _autotuning_exit at global_steps == end_profile_step + 1). The script's data held
+    at least k x S samples, so k x S / (end_profile_step + 1) is sure to reach the window; with no step printed,
+    fewer than S, and S / (end_profile_step + 1) is the most that might. None for any other result."""
+    if result.status != "failed" or not result.reason.startswith(ENDED_EARLY):
+        return None
+    cfg = result.config
+    samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * cfg.dp_size(world_size)
+    return max(len(result.step_times_s), 1) * samples / (at.end_profile_step + 1)
+
+
 def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, exp_id: int,
                    cfg: DSConfig, prediction: Prediction, launcher: Launcher,
                    best: ExperimentResult | None = None) -> ExperimentResult:
@@ -209,7 +229,7 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     except (RuntimeError, OSError) as exc:  # the launcher could not start: recorded, the tuner goes on
         run = RunResult("failed", f"launcher error: {exc}", None, 0.0, run_dir, None)
     if run.status == "failed" and run.returncode == 0 and run.reason == "no metrics written":
-        run = replace(run, reason=f"the script ended before DeepSpeed's engine reached autotuning.end_profile_step "
+        run = replace(run, reason=f"{ENDED_EARLY} autotuning.end_profile_step "
                                   f"{at.end_profile_step}, where it writes its metrics: let the script run at least "
                                   f"{at.end_profile_step + 1} optimizer steps (more steps or data), or lower "
                                   f"end_profile_step")

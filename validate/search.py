@@ -472,6 +472,16 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
     held = bound < banded  # bounded by DeepSpeed's structure, not by the model's band
     std = np.maximum((bound - goodness) / BAND_Z, 1e-9)
     open_ = ~done & (p_fit > 0)
+    enough = _reach_the_window(cands, observations)
+    if _ends_whatever_the_batch(cands, observations):
+        return Choice(None, "stopped: experiments end before DeepSpeed's engine reaches autotuning.end_profile_step "
+                            "whatever their batch: let the script run at least end_profile_step + 1 optimizer steps "
+                            "(its own step count or data), or lower end_profile_step")
+    if open_.any() and not (open_ & enough).any():
+        return Choice(None, "stopped: every configuration left takes more samples per optimizer step than the script "
+                            "runs long enough for: an experiment ended before DeepSpeed's engine reached "
+                            "autotuning.end_profile_step")
+    open_ &= enough
     if not open_.any():
         return Choice(None, "stopped: no configuration left that may fit in memory and was not run")
     best = measured_best(cands, observations)
@@ -521,6 +531,35 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
                       float(cands.step_s[top] * math.exp(post.mean[top])), float(p_fit[top]))
     score = np.where(can_beat, _expected_improvement(goodness, std, best) * p_fit * np.exp(-log_cost), -np.inf)
     return _choice(cands, int(np.argmax(score)), goodness, std, post, p_fit)
+
+
+def _reach_the_window(cands: Candidates, observations: Sequence[Observation]) -> np.ndarray:
+    """Per candidate: whether it may run long enough to be measured, given the runs that ended before the engine's
+    profile window (Observation.max_samples_per_step): a script that reads a fixed dataset runs fewer optimizer
+    steps the more samples each takes, so a larger configuration ends earlier still. Seen on this project's CPU VM
+    (2026-11-28): a script training one epoch of 96 samples on 2 ranks ran micro-batches 48, 47, ... 41, each
+    ending after one step, and spent its whole budget of 8 experiments without a result."""
+    limits = [o.max_samples_per_step for o in observations if o.max_samples_per_step]
+    if not limits or cands.samples_per_step is None:
+        return np.ones(len(cands), dtype=bool)
+    return cands.samples_per_step <= min(limits) * (1 + 1e-9)
+
+
+def _ends_whatever_the_batch(cands: Candidates, observations: Sequence[Observation]) -> bool:
+    """Whether a run ended before the profile window although an earlier one that did so had put it within reach
+    (_reach_the_window): then it is not the data that runs out but the script's own step count (a --max_steps, a
+    fixed loop), and every configuration would end so."""
+    if cands.samples_per_step is None:
+        return False
+    limit = math.inf
+    for o in observations:
+        if not o.max_samples_per_step or o.index is None:
+            continue
+        if cands.samples_per_step[o.index] <= limit * (1 + 1e-9):
+            if math.isfinite(limit):
+                return True
+        limit = min(limit, o.max_samples_per_step)
+    return False
 
 
 def choice_at(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty, index: int) -> Choice:

@@ -56,8 +56,8 @@ from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, prof
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
-from zerotune.validate.runs import (EARLY_STOP_MARGIN, finished_earlier, launch_spec, measurement_of,
-                                   run_experiment)
+from zerotune.validate.runs import (EARLY_STOP_MARGIN, finished_earlier, launch_spec, max_samples_for_window,
+                                   measurement_of, run_experiment)
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
                                       candidate_table, choice_at, fit_probabilities, measured_job, measured_memory_ratio,
                                       observation_of, prediction_of, run_search)
@@ -110,7 +110,7 @@ def _first_predictions(job: Job, model: Calibration, measured: Sequence[Measurem
 # -- the loop ------------------------------------------------------------------------------------------------
 
 def _observation(table: SearchTable, index: int, result: ExperimentResult, job: Job,
-                 efficiency: Efficiency) -> Observation:
+                 efficiency: Efficiency, at: AutotuningConfig) -> Observation:
     cands = table.candidates
     used = None
     if result.status == "ok" and result.peak_memory_bytes:
@@ -118,7 +118,8 @@ def _observation(table: SearchTable, index: int, result: ExperimentResult, job: 
                                      job.cluster.hardware.kind, result.peak_memory_bytes)
     return Observation(cands.families[cands.family[index]], int(cands.micro_batch[index]), float(cands.step_s[index]),
                        float(cands.memory_ratio[index]), result.status,
-                       result.step_s if result.status in MEASURED else None, index, measured_memory_ratio=used)
+                       result.step_s if result.status in MEASURED else None, index, measured_memory_ratio=used,
+                       max_samples_per_step=max_samples_for_window(result, job.cluster.world_size, at))
 
 
 def _resumed(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, table: SearchTable,
@@ -158,10 +159,10 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
-        return _observation(table, choice.index, result, job, model.efficiency)
+        return _observation(table, choice.index, result, job, model.efficiency, at)
 
     initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
-    initial_obs += [_observation(table, index, result, job, model.efficiency) for index, result in earlier]
+    initial_obs += [_observation(table, index, result, job, model.efficiency, at) for index, result in earlier]
     done = already_measured(table, initial)
     done[[index for index, _ in earlier]] = True
     ran, reason = run_search(table.candidates, model.uncertainty, budget, run, initial_obs, done)
