@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import traceback
 import warnings
@@ -16,6 +17,7 @@ from typing import Any, NoReturn, Sequence
 
 from zerotune.calibrate import run as calibration
 from zerotune.calibrate.ingest import read_measurements
+from zerotune.calibrate.launch import terminate_as_interrupt
 from zerotune.calibrate.profiles import check_writable, default_profile_path, load_profile
 from zerotune.predictor import Efficiency, experiment_name, load_hardware
 from zerotune.predictor.rank import Uncertainty, evaluate_space
@@ -287,7 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
     try:
-        return {"predict": _predict, "calibrate": _calibrate, "tune": run_tune}[args.verb](args)
+        with terminate_as_interrupt():
+            return {"predict": _predict, "calibrate": _calibrate, "tune": run_tune}[args.verb](args)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP: the launcher has stopped every rank it started
+        print("zerotune: interrupted; every rank it started was stopped", file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a run that could not be measured, said in one line
         if args.debug:
             traceback.print_exc()

@@ -13,6 +13,7 @@ are stopped by pdsh's own SIGINT handling in DeepSpeed's runner, which zerotune 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,17 +24,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping
 
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
 __all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
            "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
-           "step_phase_times_s", "allreduce_times_s", "tail_text"]
+           "step_phase_times_s", "allreduce_times_s", "tail_text", "Terminated", "terminate_as_interrupt"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
@@ -393,6 +395,36 @@ def release_shm_buffers(master_port: int) -> int:
         except OSError:  # already gone, or another user's: not ours to fail on
             pass
     return removed
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C's KeyboardInterrupt would be, so that the same clean-up runs: launch
+    kills the run's process group (its own session, which the signal sent to zerotune does not reach), the tune
+    leaves a consistent folder to resume from."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise Terminated (from the main thread only, where Python delivers
+    signals). `timeout`, a batch scheduler's time limit and a closed terminal send these: without it the launcher
+    and its ranks, started in their own session, outlived zerotune (seen 2026-11-28: `timeout -s TERM 30 zerotune
+    tune ...` left the deepspeed launcher and both ranks running under init)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise Terminated(signum)
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def launch(spec: LaunchSpec) -> RunResult:

@@ -106,3 +106,26 @@ def test_a_warning_is_printed_once_however_often_the_ds_config_is_parsed(tmp_pat
     assert out.returncode == 0, out.stderr
     for name in ("fp16", "bf16"):
         assert out.stderr.count(f'ds_config {name}.enabled is "auto"') == 1
+
+
+@pytest.mark.parametrize("signum, code", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_terminated_verb_exits_128_plus_the_signal_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str], signum: str,
+                                                                 code: int) -> None:
+    """SIGTERM (`timeout`, a scheduler's limit) and SIGHUP reach a verb as Ctrl-C's KeyboardInterrupt does, so the
+    launcher's clean-up runs (calibrate.launch.terminate_as_interrupt); the CLI says so in one line, no traceback,
+    and exits as a shell reports a signal (128 + its number); afterwards the signal's handler is what it was."""
+    import os
+    import signal
+
+    import zerotune.cli as cli
+    before = signal.getsignal(getattr(signal, signum))
+
+    def killed(_args: object) -> int:
+        os.kill(os.getpid(), getattr(signal, signum))
+        return 0
+    monkeypatch.setitem(cli.__dict__, "_predict", killed)
+    assert cli.main(["predict", "--model", "gpt2"]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err
+    assert signal.getsignal(getattr(signal, signum)) == before

@@ -127,13 +127,19 @@ from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever the test process ignores
 sys.path.insert(0, {repo!r})
 from tests.test_tune_e2e import _fault_settings
+from zerotune.calibrate.launch import terminate_as_interrupt
 from zerotune.validate.tune import tune
-tune(_fault_settings(Path({tmp!r}), [1, 2, 4], "4:crash,2:hang,1:metrics", top_k=2, timeout_s=120),
-     log=lambda line: print(line, flush=True))
+with terminate_as_interrupt():  # as the CLI runs every verb
+    tune(_fault_settings(Path({tmp!r}), [1, 2, 4], "4:crash,2:hang,1:metrics", top_k=2, timeout_s=120),
+         log=lambda line: print(line, flush=True))
 """
 
 
-def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, "KeyboardInterrupt"), (signal.SIGTERM, "Terminated")])
+def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path, signum: int, raised: str) -> None:
+    """Ctrl-C (SIGINT), or SIGTERM as `timeout`, a scheduler's time limit or `kill` sends it: the launcher and its
+    ranks run in their own session, which neither signal reaches; tune stops them (SIGTERM had left them running
+    under init, 2026-11-28)."""
     code = _INTERRUPTIBLE.format(repo=str(REPO), tmp=str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
@@ -142,13 +148,13 @@ def test_interrupted_tune_leaves_no_orphans_and_resumes(tmp_path: Path) -> None:
     assert len(_hang_pids(tmp_path)) == 2, child.communicate(timeout=30)[0].decode()[-2000:]
     ignored = _signal_mask(child.pid, "SigIgn")
     assert not ignored & (1 << (signal.SIGINT - 1)), f"the child ignores SIGINT (SigIgn {ignored:#x})"
-    child.send_signal(signal.SIGINT)  # what Ctrl-C does: the launcher runs in its own session, tune kills it
+    child.send_signal(signum)  # what Ctrl-C does: the launcher runs in its own session, tune kills it
     try:  # seconds alone (22 s for the whole test); once over 60 s late in a loaded full suite, so a wide limit
         output = child.communicate(timeout=240)[0].decode()
     except subprocess.TimeoutExpired as exc:
         child.kill()
         raise AssertionError(f"tune did not stop within 240 s of Ctrl-C: {(exc.output or b'').decode()[-2000:]}")
-    assert child.returncode != 0 and "KeyboardInterrupt" in output
+    assert child.returncode != 0 and raised in output
     time.sleep(1)
     assert not any(_alive(pid) for pid in _hang_pids(tmp_path))
     results = tmp_path / "autotuning_results"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -350,7 +351,7 @@ def _changed_flags(given: Sequence[str], optimal_cmd: Sequence[str], flags: Iter
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     """The `tune` verb: 0 when a configuration was measured (and --run trained), 1 when none finished,
-    130 on Ctrl-C; user mistakes raise ValueError (the CLI prints one line and exits 2)."""
+    130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP); user mistakes raise ValueError (the CLI prints one line and exits 2)."""
     settings = settings_from_args(args)
     try:
         initial: tuple[Measurement, ...] = ()
@@ -366,9 +367,9 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
                                profiled_allreduce_s=profiled.allreduce_s, profiled_forward_s=profiled.forward_s)
             initial = tuple(m for m in (profiled.out_of_memory, profiled.measurement) if m is not None)
         outcome = tune(settings, launcher, initial=initial)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (calibrate.launch.terminate_as_interrupt)
         print("zerotune tune: interrupted; every rank was stopped. Rerun the same command to resume.", file=sys.stderr)
-        return 130
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     print(outcome.layout.summary.read_text())
     if outcome.best is None:
         print(f"zerotune tune: no experiment finished; see {outcome.layout.summary}", file=sys.stderr)
