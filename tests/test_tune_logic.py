@@ -196,6 +196,10 @@ def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path,
     names = [name for name, _ in launcher.calls]
     assert names[0] == "z0_gas1_tmbspg7" and "z0_gas1_tmbspg8" not in names  # the finished one is read back
     assert [r.resumed for r in outcome.results] == [True] + [False] * len(names)
+    # a resumed result is the configuration as tuned, not as its experiment ran it (timers switched on): a user's
+    # wall_clock_breakdown false reached ds_config_optimal.json as true when a resumed experiment was the best
+    assert all("wall_clock_breakdown" not in r.config.passthrough for r in outcome.results)
+    assert "wall_clock_breakdown" not in json.loads(outcome.layout.optimal_config.read_text())
 
 
 def test_each_experiments_peak_memory_is_read_from_its_ranks_and_kept_for_a_rerun(tmp_path: Path,

@@ -176,8 +176,8 @@ def finished_earlier(settings: TuneSettings, job: Job, at: AutotuningConfig, lay
             continue
         index, cfg = configs[name]
         result = load_finished(layout, name, job.cluster.world_size, _run_of(settings, job, at, cfg)[2])
-        if result is not None and result.status in ("ok", "stopped", "oom"):
-            found.append((index, result))
+        if result is not None and result.status in ("ok", "stopped", "oom"):  # the configuration as tuned, not as
+            found.append((index, replace(result, config=cfg)))           # the experiment ran it (its timers on)
     return found
 
 
@@ -209,8 +209,8 @@ def run_experiment(settings: TuneSettings, job: Job, at: AutotuningConfig, layou
     ds_config, args, same_run = _run_of(settings, job, at, cfg)
     if not at.overwrite:
         finished = load_finished(layout, name, world, same_run)
-        if finished is not None:
-            return finished
+        if finished is not None:  # `cfg`, not the experiment's ds_config, which switched wall_clock_breakdown on
+            return replace(finished, config=cfg)
     run_dir = layout.run_dir(name)
     exp = exp_document(name, exp_id, ds_config, job.cluster.num_gpus_per_node, job.cluster.num_nodes, run_dir,
                        prediction)
