@@ -1005,8 +1005,8 @@ def test_a_profiling_run_out_of_memory_tries_again_at_the_highest_stage_and_the_
         if stage == 0:
             (spec.run_dir / "stderr.log").write_text("torch.OutOfMemoryError: CUDA out of memory.")
             return RunResult("oom", "out of memory", 1, 5.0, spec.run_dir, None)
-        _write_profile(spec.run_dir / "profiled", _script("encoder_mlm").MaskedLM(),
-                       [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}])
+        _write_profile(spec.run_dir / "profiled", _script("encoder_mlm").MaskedLM(),  # steps past warm-up (3)
+                       [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}], step_s=[2.0, 1.0, 1.2, 1.1, 1.0])
         return RunResult("ok", "", 0, 20.0, spec.run_dir, None)
 
     doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [0, 1, 3]},

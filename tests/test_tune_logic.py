@@ -838,6 +838,31 @@ def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(t
     _check_followed(settings, dc_replace(run, engine_micro_batch=None), 1, tmp_path)  # no step recorded: no claim
 
 
+def test_a_profiling_run_that_ended_before_the_window_times_only_its_steps_past_warm_up(tmp_path: Path) -> None:
+    """Without the engine's metrics (the script ended before end_profile_step), the profiling run is timed by the
+    median of its steps past start_profile_step (2 here); with fewer than two of those it is no
+    measurement, and a warning says why: a script of 8 samples ran 4 steps and read 14.4 samples/s against 49.8
+    over 96 samples, and the search trusted it within +-4% (2026-11-28)."""
+    from dataclasses import replace as dc_replace
+
+    from zerotune.predictor import load_model
+    from zerotune.validate.profiled import ProfiledRun
+    from zerotune.validate.profiling_run import _profile_measurement
+    script = tmp_path / "train.py"
+    script.write_text("")
+    settings = dc_replace(_settings(tmp_path, [1], [0], start_profile_step=2, end_profile_step=4),
+                          command=UserCommand(script, (), "--deepspeed_config", tmp_path / "ds.json"))
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1}, world_size=WORLD)
+    ended = RunResult("failed", "no metrics written", 0, 1.0, tmp_path, None)
+    run = ProfiledRun(load_model(TINY), (), (), 64, 1, 1, {}, "float32", False, (3.0, 2.0, 0.5, 0.4, 0.6), None)
+    m = _profile_measurement(settings, run, cfg, ended, TINY, SEQ_LEN)
+    assert m is not None and m.step_s == pytest.approx(0.5)  # the median of 2.0, 0.5, 0.4, 0.6 would be 0.55
+    with pytest.warns(UserWarning, match=r"ended after 3 optimizer steps, before .*end_profile_step 4: its timing "
+                                         r"is not used"):
+        assert _profile_measurement(settings, dc_replace(run, step_s=(3.0, 2.0, 0.5)), cfg, ended, TINY,
+                                    SEQ_LEN) is None
+
+
 def test_a_trainer_filled_precision_is_costed_as_the_engine_ran_it(tmp_path: Path) -> None:
     """A Hugging Face Trainer config leaves "fp16"/"bf16" "enabled": "auto" for --fp16 / --bf16 to fill: costed as
     fp32 a bf16 run on a GPU would be predicted at fp32's matmul rate. The profiling run's engine holds its weights in

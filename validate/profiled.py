@@ -30,7 +30,7 @@ from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["PROFILING_SITE", "peak_env", "read_peak_bytes", "MatmulPace", "ProfiledRun", "profiling_env",
-           "read_profiled", "median_step_s", "step_rel_error", "model_yaml", "precision_of_dtype"]
+           "read_profiled", "step_rel_error", "model_yaml", "precision_of_dtype"]
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
@@ -535,18 +535,12 @@ def precision_of_dtype(dtype: str) -> Precision | None:
     return "bf16" if "bfloat16" in names else "fp16" if "float16" in names else "fp32" if "float32" in names else None
 
 
-def median_step_s(run: ProfiledRun) -> float | None:
-    """The median wall step after the first (which pays for warm-up), or the first when it is alone."""
-    steps = run.step_s[1:] or run.step_s
-    return statistics.median(steps) if steps else None
-
-
 MEDIAN_EFFICIENCY = 1.2533
 """Standard error of a median over the mean's, for normal samples (sqrt(pi / 2))."""
 
 
 def step_rel_error(run: ProfiledRun) -> float | None:
-    """Standard error of median_step_s relative to it, from the spread of the log step times after the first;
+    """Standard error of the run's median step relative to it, from the spread of the log step times after the first;
     None with fewer than three."""
     steps = [s for s in run.step_s[1:] if s > 0]
     if len(steps) < 3:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -19,7 +20,7 @@ from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.space import SearchSpace, space_from_ds_config
 from zerotune.validate.experiments import experiment_ds_config, rewrite_args
-from zerotune.validate.profiled import (MatmulPace, ProfiledRun, median_step_s, model_yaml, precision_of_dtype,
+from zerotune.validate.profiled import (MatmulPace, ProfiledRun, model_yaml, precision_of_dtype,
                                         profiling_env, read_profiled, step_rel_error)
 from zerotune.validate.results import write_text_atomic
 from zerotune.validate.runs import launch_spec, window_step_s
@@ -91,17 +92,29 @@ class ProfileOutcome:
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
                          model_path: str, seq_len: int) -> Measurement | None:
-    """DeepSpeed's engine timing (autotuning metrics) when written, else the hook's median wall step."""
+    """DeepSpeed's engine timing (autotuning metrics) when written, else the hook's median wall step over the steps
+    past start_profile_step; None (and a warning) when the script ended before any: its first steps pay for warm-up
+    (a script of 8 samples ran 4 steps and read 14.4 samples/s, 49.8 over 96 samples, 2026-11-28), and a
+    measurement the search trusted within its steps' spread would pull every prediction down."""
     world = settings.num_nodes * settings.num_gpus
     samples = cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * world // cfg.mp_size
-    step_s = median_step_s(profiled)
+    at = autotuning_of(settings.doc, world)
+    step_s = None
     if run.status == "ok" and run.metrics is not None:
         try:
-            step_s = window_step_s(run, samples, autotuning_of(settings.doc, world))
+            step_s = window_step_s(run, samples, at)
         except ValueError:
             pass
     if step_s is None:
-        return None
+        past_warm_up = profiled.step_s[at.start_profile_step:]
+        if len(past_warm_up) < 2:
+            warnings.warn(f"the profiling run of {settings.command.script.name} ended after {len(profiled.step_s)} "
+                          f"optimizer steps, before DeepSpeed's engine reached autotuning.end_profile_step "
+                          f"{at.end_profile_step}: its timing is not used (the steps before start_profile_step "
+                          f"{at.start_profile_step} are warm-up); let the script run at least "
+                          f"{at.end_profile_step + 1} steps (more steps or data)")
+            return None
+        step_s = statistics.median(past_warm_up)
     return Measurement(model=model_path, hardware=settings.hardware, num_nodes=settings.num_nodes,
                        num_gpus_per_node=settings.num_gpus, seq_len=seq_len, config=cfg, status="ok", step_s=step_s,
                        throughput_samples_per_s=samples / step_s, step_s_rel_error=step_rel_error(profiled),
