@@ -355,6 +355,20 @@ def test_zero3_is_held_to_its_zero2_sibling_where_that_fits() -> None:
     assert choose(cands, oom, U, done).index == 3
 
 
+def test_zero3_never_runs_before_its_zero2_sibling_that_is_still_to_run_and_fits() -> None:
+    # A near-tie after the first run (the CPU profile's ZeRO-3 at micro-batch 16 within 0.1% of ZeRO-2's; an LSTM
+    # script's tune of 2026-11-28 ran ZeRO-3 third and ZeRO-2 fourth): ZeRO-3 is at most ZeRO-2, so ZeRO-2 goes first,
+    # whatever the expected improvement of the wider band says
+    cands = _stages_2_and_3([1.0, 1.8, 1.0, 1.8 * 0.999], ratio=[0.5, 0.7, 0.4, 0.6])
+    done = np.zeros(4, dtype=bool)
+    done[0] = True
+    ran = [_observe(cands, 0, 1.2)]  # ZeRO-2 at micro-batch 8 ran 20% slower than predicted
+    assert choose(cands, ran, U, done).index == 1
+    # once ZeRO-2 at 16 ran out of memory, ZeRO-3 at 16 is open again
+    done[1] = True
+    assert choose(cands, ran + [_observe(cands, 1, 0.0, "oom")], U, done).index == 3
+
+
 def test_a_smaller_micro_batch_of_a_measured_family_cannot_beat_it_without_pipeline_stages() -> None:
     # Family 0 predicted 3x faster at micro-batch 4 than at 8 (a wrong model): once micro-batch 8 ran, micro-batch 4
     # of the same family (same work per sample, fixed costs over fewer samples; 1,574 measured pairs, none more than

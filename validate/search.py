@@ -93,7 +93,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from zerotune.predictor.rank import Metric, Uncertainty
-from zerotune.validate.bounds import dominated
+from zerotune.validate.bounds import dominated, shadowed
 from zerotune.validate.candidates import (MEASURED, NOISE_STD, Candidates, FamilyKey, Observation, SearchTable,
                                           already_measured, candidate_table, family_of, larger_batch_better,
                                           measured_job, measured_memory_ratio, metric_gain, metric_of_goodness,
@@ -484,6 +484,7 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
     open_ &= enough
     if not open_.any():
         return Choice(None, "stopped: no configuration left that may fit in memory and was not run")
+    open_ &= ~shadowed(cands, open_, p_fit)  # a lighter sibling still to run goes first (never all: lightest stay)
     best = measured_best(cands, observations)
     # Cost-aware (expected improvement per second, Snoek, Larochelle & Adams 2012, sec. 3.2): where one experiment's
     # timed steps take long against its start-up (a small model on the CPU at micro-batch 160: 87 s a step), a
