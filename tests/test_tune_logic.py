@@ -466,7 +466,8 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
         prefix = spec.env["ZEROTUNE_PROFILE_OUT"]
         Path(f"{prefix}.pipeline.json").write_text(json.dumps({"num_stages": 2}))
         return RunResult("failed", "AssertionError: Check batch related parameters.", 1, 1.0, spec.run_dir, None)
-    with pytest.raises(ValueError, match="pipeline-parallel model .*PipelineModule, 2 stages.*zerotune predict"):
+    with pytest.raises(ValueError, match="pipeline-parallel model .*PipelineModule, 2 stages.*zerotune predict "
+                                         "--model .* --pp_size 2"):
         profile_model(settings, pipeline)
 
 

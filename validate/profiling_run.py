@@ -149,8 +149,9 @@ def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> Non
     stages = json.loads(marker.read_text()).get("num_stages") or "its"
     raise ValueError(f"the script {settings.command.script} trains a pipeline-parallel model (deepspeed.pipe."
                      f"PipelineModule, {stages} stages; see {run_dir}): zerotune tune does not run DeepSpeed's "
-                     f"pipeline engine, as DeepSpeed's autotuner does not; rank its layouts with zerotune predict "
-                     f"(ds_config pipeline.stages) instead")
+                     f"pipeline engine, as DeepSpeed's autotuner does not; rank its layouts with `zerotune predict "
+                     f"--model NAME|config.json --pp_size {stages if isinstance(stages, int) else 'N'} --rank` "
+                     f"instead")
 
 
 def _refuse_unaccepted_mapping(reason: str, arg_mappings: Mapping[str, str] | None, settings: TuneSettings,
