@@ -318,6 +318,12 @@ def test_missing_batch_mapping_is_a_one_line_error() -> None:
     with pytest.raises(ValueError, match="--per_device_train_batch_size"):
         check_arg_mappings({}, ["--per_device_train_batch_size", "8"], {})
     check_arg_mappings({}, ["--per_device_eval_batch_size", "8"], None)  # not a training batch
+    # both "auto" keys in one message (they had been reported one run at a time), with what a script that sets its
+    # batch in code must do (the Trainer flag the message suggests is one it does not take)
+    with pytest.raises(ValueError, match=r"no train_micro_batch_size_per_gpu or gradient_accumulation_steps: .*"
+                                         r"--per_device_train_batch_size.*--gradient_accumulation_steps.*give it the "
+                                         r"flag first"):
+        check_arg_mappings({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}, [], None)
     check_arg_mappings({"train_micro_batch_size_per_gpu": "auto"}, ["--bs", "8"],
                        {"train_micro_batch_size_per_gpu": "--bs", "gradient_accumulation_steps": "--gas"})
 

@@ -162,15 +162,23 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
         if near:
             raise ValueError(f"autotuning.arg_mappings key {key!r} is not a ds_config key: did you mean {near[0]!r}? "
                              f"rename it, or the experiments run the script's own {near[0]}")
+    missing, wheres, auto_only = {}, [], False
     for key, pattern, trainer_flag in zip(BATCH_KEYS, (_BATCH_FLAG, _ACCUM_FLAG), TRAINER_FLAGS):
         if key in mapped:
             continue
         flags = [a.split("=", 1)[0] for a in args if pattern.match(a) and not _NOT_TRAINING.search(a)]
         if doc.get(key) == "auto" or flags:
-            flag = flags[0] if flags else trainer_flag
-            where = f"the script takes {flags[0]}" if flags else f"ds_config {key} is \"auto\""
-            raise ValueError(f"{where} but autotuning.arg_mappings has no {key}: add \"arg_mappings\": "
-                             f"{{\"{key}\": \"{flag}\"}} so each experiment runs its own batch")
+            missing[key] = flags[0] if flags else trainer_flag
+            wheres.append(f"the script takes {flags[0]}" if flags else f"ds_config {key} is \"auto\"")
+            auto_only |= not flags
+    if missing:
+        keys = " or ".join(missing)
+        pairs = ", ".join(f"\"{k}\": \"{f}\"" for k, f in missing.items())
+        # all reported at once: the user fixes the config once, not once per run (a Trainer script, 2026-11-28)
+        raise ValueError(f"{' and '.join(wheres)} but autotuning.arg_mappings has no {keys}: add \"arg_mappings\": "
+                         f"{{{pairs}}} so each experiment runs its own batch"
+                         + ("; a script that sets its batch in code and takes no such flag runs no batch but its "
+                            "own: give it the flag first" if auto_only else ""))
 
 
 def experiment_ds_config(cfg: DSConfig, world_size: int, autotuning: AutotuningConfig) -> dict[str, Any]:
