@@ -132,22 +132,28 @@ def test_profiled_yaml_loads_and_counts_the_parameters(tmp_path: Path, script: s
     assert "# read: " in path.read_text() and spec.max_position_embeddings >= 97
 
 
-def test_inputs_padded_per_batch_are_costed_at_the_longest_and_measured_at_the_mean(tmp_path: Path) -> None:
+def test_inputs_padded_per_batch_are_costed_at_the_longest_and_measured_at_the_longest_of_the_ranks(
+        tmp_path: Path) -> None:
     """A collator that pads each batch to its longest sample (the Hugging Face Trainer's default with a tokenizer):
     the first forward's length was one random sample's (a RoBERTa script read 162 and, with another seed, 72, where
-    its batches of 8 padded to about 229). Every configuration is costed at the longest length any rank saw; the
-    profiling run's own measurement at the mean it ran."""
+    its batches of 8 padded to about 229). Memory is costed at the longest length any rank saw; the profiling run's
+    own steps went at the pace of the longer of its two ranks' batches, the expected longest of two draws from the
+    lengths it saw, and every length is kept for tune to time each micro-batch at its own expected longest."""
     prefix = tmp_path / "profiled"
     inputs = [{"name": "input_ids", "shape": [1, 72], "dtype": "int64"}]
     _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs, input_lengths=[72, 200, 131])
     rank1 = json.loads(Path(f"{prefix}.rank1.json").read_text())
     Path(f"{prefix}.rank1.json").write_text(json.dumps({**rank1, "input_lengths": [240, 18, 150]}))
     run = read_profiled(prefix, "enc", 2)
-    assert (run.seq_len, run.measured_seq_len) == (240, round((72 + 200 + 131 + 240 + 18 + 150) / 6))
+    seen = [72, 200, 131, 240, 18, 150]
+    longer_of_two = sum(max(a, b) for a in seen for b in seen) / len(seen) ** 2
+    assert (run.seq_len, run.measured_seq_len) == (240, round(longer_of_two))
+    assert sorted(run.input_lengths) == sorted(seen)
     assert any("pads each batch to its longest" in line for line in run.read)
     same = [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}]
     _write_profile(prefix, _script("encoder_mlm").MaskedLM(), same, input_lengths=[128, 128, 128])
     assert (read_profiled(prefix, "enc", 2).seq_len, read_profiled(prefix, "enc", 2).measured_seq_len) == (128, None)
+    assert read_profiled(prefix, "enc", 2).input_lengths == ()
 
 
 def test_deepspeed_moe_experts_are_one_mlp_not_a_gated_one_and_refuse_zero3(tmp_path: Path) -> None:

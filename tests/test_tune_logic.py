@@ -737,6 +737,33 @@ def test_runs_that_end_early_whatever_their_batch_stop_the_search(tmp_path: Path
     assert "whatever their batch" in outcome.stop_reason and "end_profile_step" in outcome.stop_reason
 
 
+def test_batches_padded_to_their_longest_sample_are_timed_at_the_expected_longest() -> None:
+    """A collator that pads each batch to its longest sample: the profiling run saw each forward's length (micro-batch
+    1, lengths 16-128); a micro-batch of b samples on 2 ranks goes at the pace of the longest of 2b, so small
+    micro-batches are timed at shorter lengths and memory stays at the longest (an encoder measured 15.8 samples/s
+    at micro-batch 1 and 13.6-14.0 at 6-14, ranked the other way when every configuration was costed at 250)."""
+    import numpy as np
+
+    from zerotune.predictor import Efficiency
+    from zerotune.predictor.rank import evaluate_space
+    from zerotune.validate.profiled import expected_longest
+    from zerotune.validate.tune import padding_paced
+    assert expected_longest([1, 2], 1) == pytest.approx(1.5) and expected_longest([1, 2], 2) == pytest.approx(1.75)
+    lengths = tuple(range(16, 129))
+    assert expected_longest(lengths, 2) == pytest.approx(sum(max(a, b) for a in lengths for b in lengths)
+                                                         / len(lengths) ** 2)
+    job = build_job(TINY, "cpu", 1, WORLD, 128)
+    settings = replace(_settings(Path("."), [1, 4, 16], [0]), input_lengths=lengths, input_micro_batch=1)
+    space = space_from_ds_config(settings.doc, world_size=WORLD, hidden_size=job.model.hidden_size, explore=())
+    plain = evaluate_space(job, space)
+    paced = padding_paced(plain, job, space, Efficiency(), settings)
+    ratio = paced.step_s / plain.step_s
+    assert np.all(ratio <= 1) and ratio[0, 0] < ratio[0, 1] < ratio[0, 2] <= 1  # mb 1 gains most
+    assert ratio[0, 0] < 0.9 and ratio[0, 2] > 0.95
+    assert np.array_equal(paced.memory_bytes, plain.memory_bytes)
+    assert padding_paced(plain, job, space, Efficiency(), replace(settings, input_lengths=())) is plain
+
+
 def test_profile_none_tunes_uncalibrated_even_where_a_profile_exists() -> None:
     # the head-to-head's uncalibrated job (issue 13): the shipped CPU profile exists, --profile none ignores it
     from zerotune.predictor.job import Efficiency

@@ -130,9 +130,11 @@ class SearchTable:
         return self.table.config(*divmod(index, self.table.micro_batch.shape[0]))
 
 
-def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric: Metric) -> SearchTable:
-    """Every configuration of the space with its prediction, flattened (variant-major, as rank orders ties)."""
-    table = evaluate_space(job, space, efficiency)
+def candidate_table(job: Job, space: SearchSpace, efficiency: Efficiency, metric: Metric,
+                    table: SpaceTable | None = None) -> SearchTable:
+    """Every configuration of the space with its prediction, flattened (variant-major, as rank orders ties);
+    `table`: the space already evaluated (evaluate_space), with any correction the caller made."""
+    table = evaluate_space(job, space, efficiency) if table is None else table
     hw = job.cluster.hardware
     ratio = np.maximum(table.memory_bytes / hw.memory_bytes, table.host_bytes_per_node / hw.host_memory_bytes)
     families = [family_of(v) for v in table.variants]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
+import numpy as np
 import yaml
 
 from zerotune.predictor.activations import layer_activation_bytes
@@ -30,7 +31,7 @@ from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["PROFILING_SITE", "peak_env", "read_peak_bytes", "MatmulPace", "ProfiledRun", "profiling_env",
-           "read_profiled", "step_rel_error", "model_yaml", "precision_of_dtype"]
+           "read_profiled", "step_rel_error", "expected_longest", "model_yaml", "precision_of_dtype"]
 
 PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
@@ -81,11 +82,15 @@ class ProfiledRun:
     native_moe: bool = False
     """Whether the model has DeepSpeed's own MoE layers (deepspeed.moe.layer.MoE), which ZeRO-3 refuses."""
     measured_seq_len: int | None = None
-    """Positions per sample the run's steps had on average, where that differs from seq_len (a collator that pads
-    each batch to its longest sample: seq_len is then the longest seen); None where every input had seq_len."""
+    """Positions per sample the run's steps were paced by, where that differs from seq_len (a collator that pads
+    each batch to its longest sample: seq_len is then the longest seen; the run's steps went at the expected
+    longest of its ranks' batches, expected_longest); None where every input had seq_len."""
     copy_curve: tuple[tuple[float, float], ...] = ()
     """(bytes a copy moved, read + write; its bytes per second) of rank 0's copies from cache-sized to the large
     one (copy_bytes_per_s), on a CPU; () where not timed (an accelerator: a small copy times its launch)."""
+    input_lengths: tuple[int, ...] = ()
+    """Positions of each forward's padded batch, every rank's, where they varied (micro_batch samples each); ()
+    where every input had seq_len."""
 
 
 Tokens = tuple[int, int]
@@ -321,25 +326,39 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     return spec.replace(activation_scale=round(saved / formula, 4)), (batch, positions)
 
 
+def expected_longest(lengths: Sequence[int], draws: float) -> float:
+    """E[max of `draws` independent lengths] under the empirical distribution of `lengths`: sum over the distinct
+    values v of v x (F(v)^n - F(v-)^n), F the empirical CDF; a real n interpolates."""
+    values, counts = np.unique(np.asarray(lengths, dtype=float), return_counts=True)
+    cdf = np.cumsum(counts) / counts.sum()
+    below = np.concatenate([[0.0], cdf[:-1]])
+    n = max(float(draws), 1.0)
+    return float(np.sum(values * (cdf ** n - below ** n)))
+
+
 def _padded_per_batch(ranks: Sequence[Mapping[str, Any]], tokens: Tokens, read: list[str]
-                      ) -> tuple[Tokens, int | None]:
-    """(the positions to cost, the run's mean positions) when the token inputs' length changed from forward to
-    forward: a collator that pads each batch to its longest sample (Hugging Face's DataCollatorWithPadding, the
-    Trainer's default with a tokenizer). A batch of several samples pads toward the longest, and memory must hold
-    the longest batch, so every configuration is costed at the longest length seen; the profiling run itself (a
-    micro-batch of one sample per forward here) ran at the mean. The first forward's offset between the ids and
-    the blocks' positions (a script that shifts its ids) is kept. Unchanged (mean None) where the length held."""
+                      ) -> tuple[Tokens, int | None, tuple[int, ...]]:
+    """(the positions to cost memory at, the positions the run's steps were paced by, each forward's positions) when
+    the token inputs' length changed from forward to forward: a collator that pads each batch to its longest sample
+    (Hugging Face's DataCollatorWithPadding, the Trainer's default with a tokenizer). Memory must hold the longest
+    batch, so every configuration's memory is costed at the longest seen; a step goes at the pace of the rank with
+    the longest batch (the ranks meet at every gradient reduction), so the run's steps went at the expected longest
+    of one forward per rank (expected_longest), and `tune` costs each configuration's time at the expected longest of
+    its own batches (zerotune.validate.tune: a micro-batch of b samples on d ranks pads toward the longest of b x d).
+    The first forward's offset between the ids and the blocks' positions (a script that shifts its ids) is kept.
+    Unchanged (None, ()) where the length held."""
     lengths = [int(n) for d in ranks for n in d.get("input_lengths") or []]
     first = _token_input((ranks[0] if ranks else {}).get("inputs"))
     if len(set(lengths)) < 2 or first is None:
-        return tokens, None
+        return tokens, None, ()
     offset = first[1] - tokens[1]
-    longest, mean = max(lengths) - offset, round(sum(lengths) / len(lengths)) - offset
+    positions = tuple(n - offset for n in lengths)
+    longest, paced = max(positions), round(expected_longest(positions, max(len(ranks), 1)))
     read.append(f"the inputs' length changed from forward to forward ({min(lengths)}-{max(lengths)} tokens over "
-                f"{len(lengths)} forwards, mean {mean + offset}: a collator that pads each batch to its longest "
-                f"sample): every configuration is costed at the longest seen, {longest} positions; --seq_len sets "
-                f"another")
-    return (tokens[0], longest), mean
+                f"{len(lengths)} forwards, mean {round(sum(lengths) / len(lengths))}: a collator that pads each batch "
+                f"to its longest sample): memory is costed at the longest seen, {longest} positions, time at the "
+                f"expected longest of each configuration's batches; --seq_len sets one length for both")
+    return (tokens[0], longest), paced, positions
 
 
 def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: Tokens, decoder: Tokens, read: list[str]) -> Tokens:
@@ -410,9 +429,10 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     rank0 = next((d for d in ranks if d.get("rank") == 0), {})
     read, assumed = list(model_doc.get("read", [])), list(model_doc.get("assumed", []))
     tokens, saved_at = _positions(model_doc, rank0, read)
-    measured_len = None
+    measured_len, input_lengths = None, ()
     if tokens is not None:
-        tokens, measured_len = _padded_per_batch([rank0, *(d for d in ranks if d is not rank0)], tokens, read)
+        tokens, measured_len, input_lengths = _padded_per_batch([rank0, *(d for d in ranks if d is not rank0)],
+                                                                tokens, read)
     spec, tokens, stand_in = _described(model_doc, rank0, name, tokens, read, assumed)
     training = model_doc.get("training")
     if stand_in and isinstance(training, dict):  # the stand-in is all blocks: what is frozen is frozen in them
@@ -449,7 +469,8 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
-                       else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")))
+                       else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")),
+                       input_lengths=input_lengths)
 
 
 def _shared_blocks(spec: ModelSpec, passes: float, read: list[str]) -> ModelSpec:

@@ -88,6 +88,10 @@ class ProfileOutcome:
     (profile_model): an OOM the search starts from, as if an experiment had run it."""
     forward_s: float | None = None
     """The engine's fwd timer, the same way as step_phase_s (TuneSettings.profiled_forward_s)."""
+    input_lengths: tuple[int, ...] = ()
+    """Each forward's padded positions where they varied (TuneSettings.input_lengths)."""
+    input_micro_batch: int = 1
+    """Samples per forward of the run that saw them (TuneSettings.input_micro_batch)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -277,7 +281,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
         reason="zerotune tune's profiling run, out of memory", config=as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, out_of_memory), as_run))
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
-                          step_phase, update, reduced, profiled.copy_curve, oom, forward)
+                          step_phase, update, reduced, profiled.copy_curve, oom, forward, profiled.input_lengths,
+                          cfg.train_micro_batch_size_per_gpu)
 
 
 def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None, float | None]:

@@ -95,6 +95,12 @@ class TuneSettings:
     allreduce_paced)."""
     profiled_forward_s: float | None = None
     """DeepSpeed's fwd timer in the profiling run, the same way (zerotune.validate.calibration.host_paced)."""
+    input_lengths: tuple[int, ...] = ()
+    """Positions of each padded batch the profiling run saw, where they varied (ProfiledRun.input_lengths; a collator
+    that pads each batch to its longest sample): each configuration's time is costed at the expected longest of its
+    batches, memory at the longest seen (the model's seq_len)."""
+    input_micro_batch: int = 1
+    """Samples in each of those batches (the profiling run's micro-batch)."""
 
 
 @dataclass(frozen=True)
