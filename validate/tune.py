@@ -61,8 +61,8 @@ from zerotune.validate.results import (ExperimentResult, Layout, best_result, fo
 from zerotune.validate.runs import (EARLY_STOP_MARGIN, finished_earlier, launch_spec, max_samples_for_window,
                                    measurement_of, run_experiment)
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
-                                      candidate_table, choice_at, fit_probabilities, measured_job, measured_memory_ratio,
-                                      observation_of, prediction_of, run_search)
+                                      candidate_table, choice_at, fit_probabilities, measured_job,
+                                      measured_memory_ratio, observation_of, prediction_of, run_search)
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of, settings_from_args
 
 __all__ = ["TuneOutcome", "tune", "run_tune", "EXPERIMENT_STARTUP_S"]
@@ -248,7 +248,8 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     measurements.jsonl). They correct the predictions exactly as experiments do (zerotune.validate.search) but are not
     experiments: they count against no budget, are not candidates for the optimum and are not written to the
     results folder; one that measured better than every experiment has its configuration run as an experiment
-    when the budget allows (_profiling_rerun). Their `config` must be a configuration of this job (same GPUs, model, sequence length)."""
+    when the budget allows (_profiling_rerun). Their `config` must be a configuration of this job (same GPUs,
+    model, sequence length)."""
     start = time.monotonic()
     world = settings.num_nodes * settings.num_gpus
     at = autotuning_of(settings.doc, world)
@@ -363,13 +364,14 @@ def _faster_before(initial: Sequence[Measurement], best: ExperimentResult | None
     profiling run's steps misled. Seen on this project's CPU VM (2026-11-28, two tunes of one nanoGPT-style script
     side by side with other jobs): the profiling run measured 4.64 samples/s at micro-batch 1, the chosen
     micro-batch 5 3.75."""
-    for m, value, gain in _better_before(initial, best, metric):
-        assert best is not None and best.metric_value is not None
-        return (f"the profiling run ({experiment_name(m.config)}) measured {metric} {value:.4g}, "
-                f"{100 * (gain - 1):.0f}% better than the chosen {best.name}'s {best.metric_value:.4g}: the "
-                f"machine's pace may have changed during the tune; rerun it, or run "
-                f"{experiment_name(m.config)} yourself to compare")
-    return None
+    beaten = _better_before(initial, best, metric)
+    if not beaten or best is None:
+        return None
+    m, value, gain = beaten[0]
+    return (f"the profiling run ({experiment_name(m.config)}) measured {metric} {value:.4g}, "
+            f"{100 * (gain - 1):.0f}% better than the chosen {best.name}'s {best.metric_value:.4g}: the "
+            f"machine's pace may have changed during the tune; rerun it, or run "
+            f"{experiment_name(m.config)} yourself to compare")
 
 
 def _changed_flags(given: Sequence[str], optimal_cmd: Sequence[str], flags: Iterable[str]) -> str:
@@ -381,7 +383,8 @@ def _changed_flags(given: Sequence[str], optimal_cmd: Sequence[str], flags: Iter
 
 def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
     """The `tune` verb: 0 when a configuration was measured (and --run trained), 1 when none finished,
-    130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP); user mistakes raise ValueError (the CLI prints one line and exits 2)."""
+    130 on Ctrl-C (143 on SIGTERM, 129 on SIGHUP); user mistakes raise ValueError (the CLI prints one line and
+    exits 2)."""
     settings = settings_from_args(args)
     try:
         initial: tuple[Measurement, ...] = ()
