@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_gpus", type=positive_int("--num_gpus"), default=1, help="GPUs per node, as deepspeed's")
     p.add_argument("--num_nodes", type=positive_int_list("--num_nodes"), default=[1],
                    help="nodes; a comma list (1,2,4,8) predicts throughput and scaling efficiency per size")
-    p.add_argument("--deepspeed", metavar="DS_CONFIG", help="a ds_config.json; the flags below override it")
+    p.add_argument("--deepspeed", metavar="DS_CONFIG", type=_nonempty_path("--deepspeed"), help="a ds_config.json; the flags below override it")
     p.add_argument("--zero_stage", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro_batch", type=positive_int("--micro_batch"), help="train_micro_batch_size_per_gpu")
     p.add_argument("--grad_accum", type=positive_int("--grad_accum"), help="gradient_accumulation_steps")
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what --rank may add that the ds_config does not set: offload,checkpointing (default) "
                         "or none")
     p.add_argument("--profile", help="a calibration profile (data/profiles/*.json) to predict with")
-    p.add_argument("--plot", metavar="FILE.png", help="with --rank: throughput per micro-batch and stage, and "
+    p.add_argument("--plot", metavar="FILE.png", type=_plot_path, help="with --rank: throughput per micro-batch and stage, and "
                                                        "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_calibrate(verbs)
@@ -115,18 +115,45 @@ def _add_calibrate(verbs: Any) -> None:
     c.add_argument("--quick", action="store_true", help="fewest sizes and steps (CI)")
     c.add_argument("--max_probes", type=positive_int("--max_probes"), default=6, help="real probe runs (at most 6)")
     c.add_argument("--timeout_s", type=positive_float("--timeout_s"), default=900.0, help="time limit per run")
-    c.add_argument("--plot", metavar="FILE.png", help="step time predicted against measured, before and after")
+    c.add_argument("--plot", metavar="FILE.png", type=_plot_path, help="step time predicted against measured, before and after")
     c.add_argument("--json", action="store_true", help="print the profile as JSON instead of the table")
 
 
 def _names(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))  # a name given twice runs once
     if not names:
         raise argparse.ArgumentTypeError("give at least one name")
     return names
 
 
+def _nonempty_path(flag: str) -> Any:
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"empty: give a file path, or leave {flag} out")
+        return text
+    return parse
+
+
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def _plot_path(text: str) -> str:
+    """An image file to write: checked before anything is predicted or measured, not after."""
+    path = Path(text)
+    if not text.strip() or path.is_dir() or text.endswith(("/", "\\")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name: give one such as plot.png")
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: the file name must end in "
+                                         f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+    if not path.resolve().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: its folder {str(path.parent)!r} does not exist")
+    return text
+
+
 def _explore(text: str) -> tuple[str, ...]:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: use offload, checkpointing or none")
     items = tuple(i.strip() for i in text.split(",") if i.strip() and i.strip() != "none")
     for item in items:
         if item not in EXPLORABLE:

@@ -150,6 +150,11 @@ def _flag_cases() -> list[Case]:
         p("zero-stage-4", "--zero_stage", "4", needle="--zero_stage"),
         p("precision-fp8", "--precision", "fp8", needle="--precision"),
         p("plot-no-rank", "--plot", "x.png", needle="--plot"),
+        p("plot-a-folder", "--rank", "--plot", "{tmp}", needle="--plot"),  # was: exit 0, a hidden {tmp}/.png
+        p("plot-format", "--rank", "--plot", "{tmp}/x.txt", needle="--plot"),
+        p("plot-no-folder", "--rank", "--plot", "{tmp}/none/x.png", needle="--plot"),
+        p("explore-empty", "--rank", "--explore", "", needle="--explore"),  # was: read as none
+        p("deepspeed-empty", "--deepspeed", "", needle="--deepspeed"),  # was: predicted without a ds_config
         p("lists-both", "--num_nodes", "1,2", "--hardware", "v100-32gb,a100-80gb", needle="--num_nodes"),
         p("fp16-on-cpu", "--hardware", "cpu", "--num_gpus", "2", "--precision", "fp16", needle="fp16"),
         p("unknown-flag", "--gpus", "2", needle="--gpus"),
