@@ -164,7 +164,7 @@ def _explore(text: str) -> tuple[str, ...]:
 def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Flags override the ds_config, the way DeepSpeed's autotuner overrides keys per experiment."""
     doc = dict(doc)
-    if not isinstance(doc.get("zero_optimization") or {}, dict):
+    if "zero_optimization" in doc and not isinstance(doc["zero_optimization"], dict):
         raise ValueError(f"ds_config zero_optimization must be an object, e.g. {{\"stage\": 2}}, got "
                          f"{doc['zero_optimization']!r}")
     zero = dict(doc.get("zero_optimization") or {})
@@ -174,8 +174,13 @@ def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         if getattr(args, flag) is not None:
             zero[flag] = {**(zero.get(flag) or {}), "device": getattr(args, flag)}
     doc["zero_optimization"] = zero
-    if args.micro_batch is not None or args.grad_accum is not None:
-        doc.pop("train_batch_size", None)  # re-derived from the overridden pair
+    if args.micro_batch is not None and args.grad_accum is not None:
+        doc.pop("train_batch_size", None)  # re-derived from the pair given
+    elif "train_batch_size" in doc:  # DeepSpeed's rule: the global batch stays and the other of the pair follows
+        if args.micro_batch is not None:
+            doc.pop("gradient_accumulation_steps", None)
+        if args.grad_accum is not None:
+            doc.pop("train_micro_batch_size_per_gpu", None)
     if args.micro_batch is not None:
         doc["train_micro_batch_size_per_gpu"] = args.micro_batch
     if args.grad_accum is not None:

@@ -6,6 +6,7 @@ the only way back to a dict, with every key zerotune does not tune carried throu
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import warnings
 from typing import Any
@@ -352,6 +353,17 @@ def _resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
     return (micro or 1), (gas or 1)
 
 
+def _tensor_parallel(doc: dict[str, Any], mp_size: int) -> int:
+    """The tensor-parallel degree: autotuning.mp_size, or DeepSpeed's AutoTP training degree
+    (tensor_parallel.autotp_size, runtime/tensor_parallel/config.py TPTrainingConfig; 0 or 1: none)."""
+    sec = doc.get("tensor_parallel") or {}
+    autotp = _int(sec, "tensor_parallel", "autotp_size", 0, 0) if isinstance(sec, dict) else 0
+    if autotp > 1 and mp_size > 1 and autotp != mp_size:
+        raise ValueError(f"ds_config tensor_parallel.autotp_size {autotp} and autotuning.mp_size {mp_size} differ; "
+                         f"give the tensor-parallel degree once")
+    return autotp if autotp > 1 else mp_size
+
+
 def _pipeline_stages(doc: dict[str, Any]) -> int:
     """pipeline.stages: an int, or "auto" / absent for no pipeline parallelism as far as memory and time go."""
     sec = doc.get("pipeline") or {}
@@ -361,20 +373,42 @@ def _pipeline_stages(doc: dict[str, Any]) -> int:
     return 1 if stages == AUTO else int(_int(sec, "pipeline", "stages", 1, 1))
 
 
+OBJECT_SECTIONS = frozenset({
+    "optimizer", "scheduler", "fp16", "bf16", "zero_optimization", "activation_checkpointing", "autotuning",
+    "pipeline", "data_types", "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor", "comet",
+    "checkpoint", "aio", "compile", "tensor_parallel", "torch_autocast", "timers", "monitor_config",
+    "data_efficiency", "compression_training", "nebula", "eigenvalue", "progressive_layer_drop",
+    "quantize_training", "hybrid_engine", "weight_quantization", "expert_parallel"})
+"""Top-level keys DeepSpeed 0.19 reads as a section (runtime/config.py unpacks or indexes them): null or a list
+there stops its engine (DeepSpeedZeroConfig(**null) raises a TypeError), so zerotune refuses it up front."""
+
+
+def _refuse_non_objects(doc: dict[str, Any]) -> None:
+    for key in sorted(OBJECT_SECTIONS & set(doc)):
+        value = doc[key]
+        if not isinstance(value, dict):
+            shown = "null" if value is None else json.dumps(value) if isinstance(value, (list, str, bool, int, float)) \
+                else type(value).__name__
+            raise ValueError(f"ds_config {key} must be an object (DeepSpeed reads it as a section), got {shown[:40]}; "
+                             f"give {{...}} or remove the key")
+
+
 def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = None) -> DSConfig:
     """A DSConfig from a ds_config dict; `hidden_size` resolves Hugging Face "auto" bucket sizes."""
     if not isinstance(doc, dict):
         raise ValueError(f"ds_config must be a JSON object, got {type(doc).__name__}")
+    _refuse_non_objects(doc)
     for key in doc:
         if key not in TOP_LEVEL_KEYS:
             warnings.warn(f"ds_config: unknown top-level key {key!r}{nearest(key, sorted(TOP_LEVEL_KEYS))}; "
                           f"DeepSpeed ignores it", stacklevel=2)
     _refuse_removed(doc)
     autotuning = _autotuning(doc)
-    mp_size, pp_size = autotuning.mp_size, _pipeline_stages(doc)
+    mp_size, pp_size = _tensor_parallel(doc, autotuning.mp_size), _pipeline_stages(doc)
     if world_size % (mp_size * pp_size):
-        raise ValueError(f"ds_config autotuning.mp_size {mp_size} x pipeline.stages {pp_size} does not divide the "
-                         f"{world_size} GPUs; use divisors of the GPU count")
+        raise ValueError(f"ds_config tensor-parallel degree {mp_size} (autotuning.mp_size or tensor_parallel."
+                         f"autotp_size) x pipeline.stages {pp_size} does not divide the {world_size} GPUs; use "
+                         f"divisors of the GPU count")
     micro, gas = resolve_batch(doc, world_size // (mp_size * pp_size))
     ckpt = doc.get("activation_checkpointing")
     ckpt_sec = _section(doc, "activation_checkpointing", ACTIVATION_CHECKPOINTING_KEYS, strict=False)

@@ -210,6 +210,15 @@ def _ds_cases() -> list[Case]:
         _ds("optimizer-bad", {"optimizer": "adam"}, needle="optimizer"),
         _ds("grad-dtype", {"data_types": {"grad_accum_dtype": "int8"}}, needle="grad_accum_dtype"),
         _ds("bool-text", {"zero_optimization": {"stage": 2, "overlap_comm": "yes"}}, needle="overlap_comm"),
+        # sections DeepSpeed unpacks: null or a list stops its engine, and zerotune read them as absent
+        _ds("zero-null", {"zero_optimization": None}, needle="zero_optimization"),
+        _ds("zero-list", {"zero_optimization": []}, needle="zero_optimization"),
+        _ds("pipeline-list", {"pipeline": []}, needle="pipeline"),
+        _ds("checkpointing-null", {"activation_checkpointing": None}, needle="activation_checkpointing"),
+        _ds("scheduler-text", {"scheduler": "warmup"}, needle="scheduler"),
+        # JSON that json.loads refuses past its decoder: nesting beyond the recursion limit, 4300+ digits
+        _ds("deep-nesting", "[" * 100_000 + "]" * 100_000, needle="ds.json"),
+        _ds("huge-integer", '{"train_micro_batch_size_per_gpu": ' + "9" * 5000 + "}", needle="ds.json"),
     ]
 
 

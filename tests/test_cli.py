@@ -47,7 +47,25 @@ def test_flags_override_the_ds_config(tmp_path: Path) -> None:
     cfg.write_text(json.dumps({"train_batch_size": 32, "zero_optimization": {"stage": 3}, "fp16": {"enabled": True}}))
     doc = json.loads(zerotune("predict", "--deepspeed", str(cfg), "--num_gpus", "8", "--micro_batch", "2",
                               "--zero_stage", "2", "--json").stdout)
-    assert doc["name"] == "z2_gas1_tmbspg2" and doc["precision"] == "fp16"
+    # DeepSpeed keeps train_batch_size and derives the accumulation: 32 / (2 x 8 GPUs) = 2
+    assert doc["name"] == "z2_gas2_tmbspg2" and doc["precision"] == "fp16"
+    assert doc["config"]["train_batch_size"] == 32
+
+
+def test_a_micro_batch_flag_that_does_not_divide_the_global_batch_is_refused(tmp_path: Path) -> None:
+    """A flag that changes one of the batch pair keeps the ds_config's train_batch_size, as DeepSpeed would (it was
+    dropped silently: --micro_batch 3 on 2 GPUs predicted a global batch of 6 for a ds_config of 16)."""
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                               "gradient_accumulation_steps": 4}))
+    result = zerotune("predict", "--deepspeed", str(cfg), "--num_gpus", "2", "--micro_batch", "3")
+    assert result.returncode == 2 and "train_batch_size 16" in result.stderr
+    doc = json.loads(zerotune("predict", "--deepspeed", str(cfg), "--num_gpus", "2", "--grad_accum", "2",
+                              "--json").stdout)
+    assert doc["name"] == "z0_gas2_tmbspg4" and doc["config"]["train_batch_size"] == 16
+    both = json.loads(zerotune("predict", "--deepspeed", str(cfg), "--num_gpus", "2", "--micro_batch", "3",
+                               "--grad_accum", "1", "--json").stdout)
+    assert both["config"]["train_batch_size"] == 6  # both given: the global batch follows them
 
 
 def test_hugging_face_config_json_is_accepted(tmp_path: Path) -> None:

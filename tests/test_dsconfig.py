@@ -124,3 +124,16 @@ def test_the_adam_implementation_follows_what_deepspeed_builds() -> None:
     assert parse_ds_config({**base, "optimizer": {"type": "AdamW"}}).optimizer_impl == "fused"
     assert parse_ds_config({**base, "optimizer": {"type": "Adam", "params": {"torch_adam": True}}}).optimizer_impl == "torch"
     assert parse_ds_config(base).optimizer_impl == "torch"
+
+
+def test_autotp_training_degree_is_the_tensor_parallel_degree() -> None:
+    """DeepSpeed 0.19's AutoTP training (tensor_parallel.autotp_size) splits each linear layer over that many
+    ranks, as autotuning.mp_size says of a Megatron model: it was read as no tensor parallelism at all."""
+    cfg = parse_ds_config({"tensor_parallel": {"autotp_size": 2}}, world_size=4)
+    assert cfg.mp_size == 2
+    assert parse_ds_config({"tensor_parallel": {"autotp_size": 1}}, world_size=4).mp_size == 1
+    assert to_ds_config(cfg, 4)["tensor_parallel"] == {"autotp_size": 2}  # the user's key goes back unchanged
+    with pytest.raises(ValueError, match="autotp_size 2 and autotuning.mp_size 4 differ"):
+        parse_ds_config({"tensor_parallel": {"autotp_size": 2}, "autotuning": {"mp_size": 4}}, world_size=8)
+    with pytest.raises(ValueError, match="tensor-parallel degree 2"):
+        parse_ds_config({"tensor_parallel": {"autotp_size": 2}}, world_size=3)

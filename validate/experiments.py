@@ -306,6 +306,10 @@ def model_from_num_params(num_params: int, name: str, source: str) -> dict[str, 
             "position_embedding": "rotary", "tied_embeddings": True, "source": source}
 
 
+def _first_words(exc: BaseException) -> str:
+    return str(exc).split(":")[0].split(";")[0].strip()
+
+
 def read_ds_config(path: Path, flag: str = "--deepspeed") -> dict[str, Any]:
     """The ds_config at `path`, given with `flag` (named in the one-line errors)."""
     if not path.is_file():
@@ -314,6 +318,9 @@ def read_ds_config(path: Path, flag: str = "--deepspeed") -> dict[str, Any]:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{flag} {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
+    except (ValueError, RecursionError) as exc:  # nesting past Python's recursion limit, an integer of 4300+ digits
+        raise ValueError(f"{flag} {path}: not a ds_config DeepSpeed could read ({_first_words(exc)}); fix the "
+                         f"file") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{flag} {path}: a ds_config must be a JSON object")
     return doc
