@@ -82,6 +82,11 @@ def _check_keys(path: Path | str, doc: dict[str, Any], allowed: set[str], requir
 
 def _resolve(kind: str, name_or_path: str, flag: str) -> Path:
     path = Path(name_or_path)
+    if kind == "models" and path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json"  # a Hugging Face model folder, as from_pretrained takes it
+    if path.is_dir():
+        raise ValueError(f"{flag} {name_or_path}: a folder{' without a config.json' if kind == 'models' else ''}; "
+                         f"give a catalog name or a file")
     if path.suffix in (".json", ".yaml", ".yml") or os.sep in name_or_path:
         if not path.is_file():
             raise ValueError(f"{flag} {name_or_path}: no such file; give a catalog name or an existing path")
@@ -135,6 +140,29 @@ def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_MODEL_TYPES = {f.name: str(f.type) for f in dataclasses.fields(ModelSpec)}
+MODEL_COUNT_MAX = 2**24
+"""Largest accepted value of an integer model field MODEL_LIMITS does not name (module counts per layer)."""
+
+
+def _model_types(where: Path | str, doc: dict[str, Any]) -> None:
+    """Each field of a model YAML of its declared type: true or false where a flag goes (YAML reads "no" in
+    quotes as text, which Python takes as true), a finite number where a number goes, a count where a count goes."""
+    for key, value in doc.items():
+        kind = _MODEL_TYPES.get(key)
+        if kind == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}; fix the value")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind == "float" and not (number and math.isfinite(value)):
+            raise ValueError(f"{where}: {key} must be a finite number, got {value!r}; fix the value")
+        if kind == "int" and key not in MODEL_LIMITS and not (
+                number and math.isfinite(value) and float(value).is_integer() and 0 <= value <= MODEL_COUNT_MAX):
+            raise ValueError(f"{where}: {key} must be a whole number from 0 to {MODEL_COUNT_MAX:,}, got {value!r}; "
+                             f"fix the value")
+        if kind == "int" and key not in MODEL_LIMITS:
+            doc[key] = int(value)
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     """A catalog model by name, a zerotune model YAML, or a Hugging Face config.json path."""
     path = _resolve("models", name_or_path, "--model")
@@ -143,6 +171,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     doc = _read_yaml(path)
     _check_keys(path, doc, _MODEL_FIELDS, _MODEL_REQUIRED)
     doc = _model_integers(path, doc)
+    _model_types(path, doc)
     doc["name"] = str(doc["name"])
     doc.setdefault("num_kv_heads", doc["num_heads"])
     try:
@@ -161,6 +190,19 @@ _HF_KEYS = {"num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_laye
             "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx")}
 HF_WIDTH_KEYS = _HF_KEYS["hidden_size"]
 """The keys a Hugging Face config states its width under (DistilBERT's `dim`)."""
+
+
+_HF_CONFIG = "Hugging Face config"
+
+
+def _hf_flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """A Hugging Face config's boolean; text such as "false" would read as true, so it is refused."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{_HF_CONFIG} {key} must be true or false, got {value!r}; fix the value")
+    return value
 
 
 class _NamedIntegers:
@@ -201,9 +243,18 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:  # past the decoder's limits (nesting, 4300+ digit integers)
+        raise ValueError(f"{path}: not a config.json that could be read ({str(exc).split(':')[0]}); fix the "
+                         f"file") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: a Hugging Face config.json is a JSON object, got {type(cfg).__name__}")
-    return model_from_hf_dict(cfg, _hf_label(cfg, path), f"Hugging Face config.json at {path}", path)
+    try:
+        return model_from_hf_dict(cfg, _hf_label(cfg, path), f"Hugging Face config.json at {path}", path)
+    except ValueError as exc:
+        text = str(exc)
+        if text.startswith(_HF_CONFIG):
+            raise ValueError(f"{path}:{text[len(_HF_CONFIG):]}") from None
+        raise
 
 
 def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path | str = "Hugging Face config"
@@ -218,7 +269,7 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         name=name, num_layers=layers, cross_attention_layers=cross, hidden_size=hidden, num_heads=heads,
         num_kv_heads=get("num_kv_heads", heads), ffn_hidden_size=get("ffn_hidden_size", 4 * hidden),
         vocab_size=get("vocab_size"), max_position_embeddings=get("max_position_embeddings", 2048),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        tied_embeddings=_hf_flag(cfg, "tie_word_embeddings", True),
         attention_head_dim=_stated_head_dim(cfg, hidden, heads, path),
         activation=_hf_activation(cfg),
         source=source,
@@ -237,7 +288,7 @@ def _opt_projection(cfg: dict[str, Any]) -> dict[str, Any]:
     Their biases and the transform's norm (neither in OPT: 2.5k of opt-350m's 331M parameters) and OPT's position
     table at the blocks' width ((2048 + 2) x 512 more than the model counts, 0.3%) are not told apart."""
     width, proj = cfg.get("hidden_size"), cfg.get("word_embed_proj_dim")
-    out: dict[str, Any] = {"final_norm": bool(cfg.get("do_layer_norm_before", True))
+    out: dict[str, Any] = {"final_norm": _hf_flag(cfg, "do_layer_norm_before", True)
                            and not cfg.get("_remove_final_layer_norm", False)}
     if isinstance(proj, int) and isinstance(width, int) and 0 < proj != width:
         out.update(embedding_size=proj, head_transform=True)
@@ -376,7 +427,7 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if model_type in _T5_LINEAGE:
         return {**_hf_traits(cfg), "norm": "rmsnorm", "qkv_bias": False, "out_bias": False, "mlp_bias": False,
                 "gated_mlp": str(cfg.get("feed_forward_proj", "relu")).startswith("gated"),
-                "tied_embeddings": bool(cfg.get("tie_word_embeddings", True))}
+                "tied_embeddings": _hf_flag(cfg, "tie_word_embeddings", True)}
     if model_type == "opt":
         return {**_hf_traits(cfg), **_opt_projection(cfg)}
     if model_type not in (*_LLAMA_LINEAGE, "gpt_neo", "bert", "roberta", "distilbert", "deberta-v2", "electra",
@@ -384,9 +435,9 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
         return _hf_traits(cfg)
     if model_type in _LLAMA_LINEAGE:
         return dict(position_embedding="rotary", gated_mlp=True, norm="rmsnorm",
-                    qkv_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
-                    out_bias=bool(cfg.get("attention_bias", False)), mlp_bias=bool(cfg.get("mlp_bias", False)),
-                    dropout=False, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                    qkv_bias=_hf_flag(cfg, "attention_bias", model_type in ("qwen2", "qwen2_moe")),
+                    out_bias=_hf_flag(cfg, "attention_bias", False), mlp_bias=_hf_flag(cfg, "mlp_bias", False),
+                    dropout=False, tied_embeddings=_hf_flag(cfg, "tie_word_embeddings", False),
                     attention_upcast="softmax")
     if model_type == "gpt_neo":
         return {**_hf_traits(cfg), "qkv_bias": False, "attention_upcast": "scores"}

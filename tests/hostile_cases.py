@@ -96,7 +96,12 @@ def _model_cases() -> list[Case]:
     for key, values in {"num_layers": ["0", "-3", "1000000000", ".nan", "'twelve'", "1.5"],
                         "hidden_size": ["-768", "1.0e+12", ".inf", "'wide'"], "num_heads": ["0", "7"],
                         "vocab_size": ["0", "1.0e+15", "'big'"], "ffn_hidden_size": ["-1"],
-                        "max_position_embeddings": ["0", "'long'"]}.items():
+                        "max_position_embeddings": ["0", "'long'"],
+                        # fields of other types, each once unchecked (a NaN table, an internal error, a flag
+                        # written as text read as true)
+                        "activation_scale": [".inf", "'x'"], "logits_grad_subnormal_share": ["'0.1'"],
+                        "hooked_modules_per_layer": ["'x'", ".nan", "-1"], "embedding_size": ["'512'"],
+                        "tied_embeddings": ["'no'"], "dropout": ["'false'"]}.items():
         for n, value in enumerate(values):
             out.append(_predict(f"model-{key}-{n}", "--model", "{tmp}/m.yaml", needle=key,
                                 **{"m.yaml": _yaml({**_MODEL, key: value})}))
@@ -113,6 +118,9 @@ def _model_cases() -> list[Case]:
                         **{"config.json": "{"}))
     out.append(_predict("hf-missing-key", "--model", "{tmp}/config.json", needle="hidden_size",
                         **{"config.json": json.dumps({k: v for k, v in _HF.items() if k != "n_embd"})}))
+    out.append(_predict("hf-flag-text", "--model", "{tmp}/config.json", needle="tie_word_embeddings",
+                        **{"config.json": json.dumps({**_HF, "tie_word_embeddings": "false"})}))
+    out.append(_predict("model-folder-empty", "--model", "{tmp}", needle="config.json"))
     out.append(_predict("model-unknown", "--model", "gtp2", needle="--model"))
     out.append(_predict("model-unknown-key", "--model", "{tmp}/m.yaml", needle="num_layer",
                         **{"m.yaml": _yaml({**_MODEL, "num_layer": "3"})}))

@@ -73,6 +73,8 @@ def test_hugging_face_config_json_is_accepted(tmp_path: Path) -> None:
                                                       "n_head": 12, "vocab_size": 50257, "n_positions": 1024}))
     doc = json.loads(zerotune("predict", "--model", str(tmp_path / "config.json"), "--json").stdout)
     assert doc["model"]["num_params"] == 124_439_808
+    folder = json.loads(zerotune("predict", "--model", str(tmp_path), "--json").stdout)  # as from_pretrained
+    assert folder["model"]["num_params"] == 124_439_808
 
 
 def _bad_ds_config(tmp_path: Path, text: str) -> str:
