@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_gpus", type=positive_int("--num_gpus"), default=1, help="GPUs per node, as deepspeed's")
     p.add_argument("--num_nodes", type=positive_int_list("--num_nodes"), default=[1],
                    help="nodes; a comma list (1,2,4,8) predicts throughput and scaling efficiency per size")
-    p.add_argument("--deepspeed", metavar="DS_CONFIG", type=_nonempty_path("--deepspeed"), help="a ds_config.json; the flags below override it")
+    p.add_argument("--deepspeed", metavar="DS_CONFIG", type=_nonempty_path("--deepspeed"),
+                   help="a ds_config.json; the flags below override it")
     p.add_argument("--zero_stage", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro_batch", type=positive_int("--micro_batch"), help="train_micro_batch_size_per_gpu")
     p.add_argument("--grad_accum", type=positive_int("--grad_accum"), help="gradient_accumulation_steps")
@@ -106,11 +107,12 @@ def _add_calibrate(verbs: Any) -> None:
     c.add_argument("--model", help="probe model: catalog name or path (default: the built-in zt-gpt-small); "
                                    "with --from, the model the measurements trained")
     c.add_argument("--seq_len", type=positive_int("--seq_len"), help="tokens per sample (probe default: 128)")
-    c.add_argument("--from", dest="source", metavar="PATH",
+    c.add_argument("--from", dest="source", metavar="PATH", type=_nonempty_path("--from"),
                    help="fit from a DeepSpeed autotuning folder, a CSV / JSONL table or zerotune measurements "
                         "instead of running anything")
-    c.add_argument("--out", help="profile to write (default: <hardware>.json in the user profile folder, "
-                                 "$ZEROTUNE_HOME/profiles or ~/.local/share/zerotune/profiles)")
+    c.add_argument("--out", type=_nonempty_path("--out"),
+                   help="profile to write (default: <hardware>.json in the user profile folder, "
+                        "$ZEROTUNE_HOME/profiles or ~/.local/share/zerotune/profiles)")
     c.add_argument("--force", action="store_true", help="replace the profile at --out if it exists")
     c.add_argument("--quick", action="store_true", help="fewest sizes and steps (CI)")
     c.add_argument("--max_probes", type=positive_int("--max_probes"), default=6, help="real probe runs (at most 6)")

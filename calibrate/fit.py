@@ -39,6 +39,7 @@ from zerotune.calibrate.profiles import CalibrationProfile, FitQuality, FitUncer
 from zerotune.predictor import ClusterSpec, Efficiency, HardwareSpec, Job, ModelSpec, load_hardware, load_model, to_ds_config
 from zerotune.predictor.memory import estimate_memory
 from zerotune.predictor.step_time import estimate_time
+from zerotune.predictor.units import GIB
 
 __all__ = ["fit", "FitResult", "FitRow", "make_profile", "predicted_total_bytes", "collapse_duplicates",
            "MIN_CONFIGURATIONS"]
@@ -425,6 +426,33 @@ def _checked(measurements: Sequence[Measurement], params: Sequence[str] | None) 
     return distinct, [p.name for p in PARAMS] if params is None else list(params)
 
 
+IMPLAUSIBLE_RATIO = 100.0
+"""A measurement this many times above or below the uncalibrated prediction is a unit or typing error, not a cluster
+the fit can describe: the largest uncalibrated errors this project has measured are 2-4x (ZeRO-3 on 16 V100s,
+issue 12; the CPU's subnormal gradients, 3x), and a row off by 1e9 otherwise comes out as a profile whose own
+measurements it misses by 1e10 %."""
+
+
+def _refuse_implausible(cases: Sequence[_Case], base: Efficiency) -> None:
+    """A one-line error naming the row no efficiency could explain (a peak above the GPU's memory, a step
+    IMPLAUSIBLE_RATIO off its uncalibrated prediction), before anything is fitted or written. Peak memory has no
+    such ratio: a CPU rank's resident set holds torch itself (about 0.4 GiB), 141x a tiny probe's tensors."""
+    for c in cases:
+        hw, where = c.job.cluster.hardware, c.m.source or "a measurement"
+        peak = c.m.peak_memory_bytes
+        if peak and hw.kind != "cpu" and peak > hw.memory_bytes * 1.02:
+            raise ValueError(f"{where}: peak_memory_bytes {peak:.4g} is above the {hw.name}'s "
+                             f"{hw.memory_bytes / GIB:.4g} GiB; give the peak per GPU in bytes, or remove the row")
+        if c.m.status != "ok" or not c.m.measured_step_s:
+            continue
+        predicted = estimate_time(c.job, c.m.config, base).step_s
+        ratio = c.m.measured_step_s / predicted
+        if not 1 / IMPLAUSIBLE_RATIO <= ratio <= IMPLAUSIBLE_RATIO:
+            raise ValueError(f"{where}: a step of {c.m.measured_step_s:.4g} s is {max(ratio, 1 / ratio):.3g}x "
+                             f"{'above' if ratio > 1 else 'below'} the uncalibrated prediction ({predicted:.4g} s); "
+                             f"check its unit (throughput in samples/s, step time in s) or remove the row")
+
+
 def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
         params: Sequence[str] | None = None) -> FitResult:
     """Fit `params` (default: every declared parameter the data can separate) of `base` to measurements of one
@@ -432,6 +460,7 @@ def fit(measurements: Sequence[Measurement], base: Efficiency = Efficiency(),
     distinct, names = _checked(measurements, params)
     named = params is not None
     cases = _cases(distinct)
+    _refuse_implausible(cases, base)
     fitted = _fit_cases(cases, base, names, named, strict=named)
     eff, same = fitted.efficiency, [base] * len(cases)
     held_out, num_folds, by = _out_of_sample(cases, base, names, named)

@@ -76,9 +76,9 @@ def read_measurements(path: str | Path, model: str | None = None, hardware: str 
         return read_autotuning(path, model, hardware, seq_len)
     if not path.is_file():
         raise ValueError(f"--from {path}: no such file or folder; give a DeepSpeed autotuning folder, a .csv or .jsonl")
-    if path.suffix == ".csv":
+    if path.suffix.lower() == ".csv":
         return read_table(path, model, hardware, seq_len)
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         first = next((line for line in path.read_text().splitlines() if line.strip()), "")
         try:
             is_record = "ds_config" in json.loads(first)
@@ -92,8 +92,8 @@ def read_measurements(path: str | Path, model: str | None = None, hardware: str 
 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) from a CSV with a header or a JSONL of objects."""
-    if path.suffix == ".csv":
-        with path.open(newline="") as f:
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8-sig") as f:  # Excel's "CSV UTF-8" starts with a BOM
             reader = csv.DictReader(f)
             try:
                 _check_columns(f"{path}:1", reader.fieldnames or [])

@@ -114,15 +114,16 @@ def from_record(record: Any, where: str = "measurement") -> Measurement:
         if key not in record:
             raise ValueError(f"{where}: missing key {key!r}")
     values = {k: v for k, v in record.items() if k not in ("ds_config", "optimizer_impl")}
-    world = int(record["num_nodes"]) * int(record["num_gpus_per_node"])
     impl = record.get("optimizer_impl")
     if impl not in (None, "fused", "torch"):
         raise ValueError(f"{where}: optimizer_impl {impl!r} is not fused or torch; fix the value")
     try:
+        world = int(record["num_nodes"]) * int(record["num_gpus_per_node"])
         config = parse_ds_config(record["ds_config"], world_size=world)
         return Measurement(config=config.replace(optimizer_impl=impl) if impl else config, **values)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # the file and line first, whatever the record says
+        text = str(exc)
+        raise ValueError(text if text.startswith(where) else f"{where}: {text}") from None
 
 
 def append_jsonl(path: Path, measurements: Iterable[Measurement]) -> None:

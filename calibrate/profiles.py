@@ -126,6 +126,11 @@ def check_writable(path: Path, force: bool) -> None:
     if Path(path).resolve().is_relative_to(shipped):
         raise ValueError(f"--out {path}: data/profiles holds zerotune's shipped profiles and is never overwritten; "
                          f"leave --out out (it writes to {user_profiles_dir()}) or give another path")
+    if Path(path).is_dir():
+        raise ValueError(f"--out {path}: a folder; give the profile's file name, e.g. {Path(path) / 'profile.json'}")
+    parent = Path(path).resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"--out {path}: {parent} is a file, not a folder; give another --out")
     if Path(path).exists() and not force:
         raise ValueError(f"--out {path} exists; add --force to replace it, or give another --out")
 

@@ -327,6 +327,16 @@ def _calibrate_cases() -> list[Case]:
              {"t.csv": _csv(hardware="{tmp}/hw.yaml"), "hw.yaml": _yaml({**_HW, "name": "../../evil"})}, "name"),
         _calibrate("out-exists", "--from", "{tmp}/t.csv", "--out", "{tmp}/p.json", needle="--force",
                    **{"t.csv": _csv(), "p.json": "{}"}),
+        # two finished rows, so that the fit is reached: one of them off by a unit error
+        _from("throughput-absurd", _csv(throughput_samples_per_s="1e9") + _csv(micro_batch="2").splitlines()[1]
+              + "\n", needle="t.csv:2"),
+        _from("peak-above-gpu", _csv(hardware="a100-80gb", peak_memory_bytes="1e30")
+              + _csv(hardware="a100-80gb", micro_batch="2").splitlines()[1] + "\n", "--hardware", "a100-80gb",
+              needle="peak_memory_bytes"),
+        _calibrate("from-empty", "--from", "", needle="--from"),  # was: a full calibration started instead
+        _calibrate("out-empty", "--from", "{tmp}/t.csv", "--out", "", needle="--out", **{"t.csv": _csv()}),
+        _calibrate("out-a-folder", "--from", "{tmp}/t.csv", "--out", "{tmp}/od", "--force", needle="--out",
+                   **{"t.csv": _csv(), "od/x": ""}),
         _calibrate("out-shipped", "--from", "{tmp}/t.csv", "--out", str(data_dir() / "profiles" / "cpu.json"),
                    "--force", needle="data", **{"t.csv": _csv()}),
     ]

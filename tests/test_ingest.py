@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -136,3 +137,13 @@ def test_jsonl_of_rows_and_of_measurement_records(tmp_path: Path) -> None:
     assert read_measurements(records) == read_measurements(CSV)
     with pytest.raises(ValueError, match="unknown kind of file"):
         read_measurements(FIXTURES / "ds_autotuning_results" / "README.md")
+
+
+def test_a_csv_saved_by_excel_reads_like_any_other(tmp_path: Path) -> None:
+    """Excel's "CSV UTF-8" starts the file with a byte-order mark, and Windows names it .CSV: the first column
+    was read as '\\ufeffmodel' and refused as unknown."""
+    excel = tmp_path / "runs.CSV"
+    excel.write_bytes(b"\xef\xbb\xbf" + CSV.read_bytes())
+    def rows(path: Path) -> list[object]:
+        return [dataclasses.replace(m, source=m.source.split(":")[-1]) for m in read_measurements(path)]
+    assert rows(excel) == rows(CSV) and len(rows(CSV)) > 1
