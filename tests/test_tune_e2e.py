@@ -258,6 +258,24 @@ def test_a_vision_transformer_script_is_read_from_its_blocks(tmp_path: Path) -> 
     assert curve[0][1] > curve[-1][1]
 
 
+def test_evaluation_passes_do_not_hide_a_scripts_checkpointing(tmp_path: Path) -> None:
+    """A script that evaluates at step 0 and every few steps (engine.eval() under no_grad) and recomputes its
+    blocks through deepspeed.checkpointing: only training forwards count, so the recomputes are seen (its
+    evaluation forwards, counted as forwards, outnumbered them and it was costed without checkpointing)."""
+    from zerotune.predictor import load_model
+    from zerotune.validate.profiling_run import profile_model
+    config = _script_config(tmp_path, [1, 2])
+    doc = json.loads(config.read_text())
+    config.write_text(json.dumps({**doc, "activation_checkpointing": {"partition_activations": False}}))
+    settings = _script_settings([str(SCRIPTS / "eval_checkpointed_gpt.py"), "--deepspeed", "--deepspeed_config",
+                                 str(config), "--steps", "50", "--eval_interval", "2"])
+    profiled = profile_model(settings)
+    assert profiled.activation_checkpointing
+    model = load_model(profiled.model_path)  # the script's constants
+    assert (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size) == (3, 160, 5, 3000)
+    assert profiled.seq_len == 80
+
+
 def test_script_taking_its_micro_batch_from_its_own_argument_is_tuned(tmp_path: Path) -> None:
     """arg_mappings: each experiment's --batch_size is its micro-batch; the profiling run is a measurement."""
     from zerotune.validate.tune import run_tune

@@ -111,7 +111,15 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
     import torch
     import torch.nn.functional as F
 
+    # Only training forwards count: an evaluation pass (engine.eval() under torch.no_grad(), every N steps or at
+    # step 0) runs the same modules without gradients, and counted as forwards it hid the recomputation of a script
+    # that checkpoints its blocks (12 training forwards and 32 evaluation ones read as no checkpointing). Told apart
+    # at the model's own forward: inside a training one a checkpointed block runs without gradients too
+    # (torch.utils.checkpoint and deepspeed.checkpointing run it under no_grad and again in backward).
     def pre_forward(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        state["in_eval"] = not torch.is_grad_enabled()
+        if state["in_eval"]:
+            return
         state["forward_calls"] += 1
         state["in_forward"] = True
         state["step_start"] = state["step_start"] or time.perf_counter()
@@ -126,11 +134,13 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
         if ids is not None and len(state["input_lengths"]) < MAX_LENGTHS:
             state["input_lengths"].append(int(ids[1]))
     def post_forward(*_: Any) -> None:
-        state["in_forward"] = False
+        state["in_forward"] = state["in_eval"] = False
     engine.module.register_forward_pre_hook(pre_forward, with_kwargs=True)
     engine.module.register_forward_hook(post_forward)
     if blocks is not None:
         def count(_module: Any, args: tuple[Any, ...]) -> None:
+            if state.get("in_eval"):
+                return
             state["block_calls"] += 1
             state["block_forward_calls"] += bool(state.get("in_forward"))  # not a recompute in backward
             if state.get("block_input") is None:
@@ -140,6 +150,8 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
                       if m is not blocks[0] and next(m.parameters(recurse=False), None) is not None), None)
         if inner is not None:  # a script that checkpoints inside its block (torch.utils.checkpoint of a method)
             def count_inner(*_: Any) -> None:  # recomputes this module without calling the block again
+                if state.get("in_eval"):
+                    return
                 state["inner_calls"] += 1
                 state["inner_forward_calls"] += bool(state.get("in_forward"))
             inner.register_forward_pre_hook(count_inner)
@@ -154,6 +166,8 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
 
     @functools.wraps(sdpa)
     def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if state.get("in_eval"):
+            return sdpa(*args, **kwargs)
         state["sdpa_calls"] += 1
         query, key = kwargs.get("query", args[0] if args else None), kwargs.get("key", args[1] if len(args) > 1 else None)
         if state.get("sdpa_shapes") is None and isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor):
