@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
-__all__ = ["LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
+__all__ = ["read_hostfile", "LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
            "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
            "step_phase_times_s", "allreduce_times_s", "tail_text", "Terminated", "terminate_as_interrupt"]
 
@@ -65,6 +65,31 @@ POLL_S = 0.5
 """How often a run with a stop rule has its output read."""
 StopRule = Callable[[tuple[float, ...]], "str | None"]
 """Given the step times seen so far (seconds per optimizer step, in order), why to stop the run now, or None."""
+
+
+def read_hostfile(path: Path) -> list[tuple[str, int]]:
+    """(host, slots) per line of a DeepSpeed hostfile ('worker-0 slots=8'; '#' starts a comment)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--hostfile {path}: cannot read it ({exc.strerror}); give a readable DeepSpeed "
+                         f"hostfile of 'host slots=N' lines") from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+        if match is None or int(match.group(2)) < 1:
+            raise ValueError(f"--hostfile {path}:{number}: {line!r} is not 'host slots=N' with N >= 1; fix the line")
+        if match.group(1) in dict(hosts):  # DeepSpeed's launcher refuses it too (launcher/runner.py _parse_hostfile)
+            raise ValueError(f"--hostfile {path}:{number}: host {match.group(1)} is listed twice; keep one line "
+                             f"per host")
+        hosts.append((match.group(1), int(match.group(2))))
+    if not hosts:
+        raise ValueError(f"--hostfile {path}: no 'host slots=N' line; list at least one host")
+    return hosts
+
 
 
 @dataclass(frozen=True)

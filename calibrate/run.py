@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from zerotune.calibrate.environment import collect_environment
 from zerotune.calibrate.fit import FitResult, fit, make_profile
+from zerotune.calibrate.launch import read_hostfile
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.calibrate.microbench import run_microbenchmarks
 from zerotune.calibrate.probe import run_probes
@@ -44,6 +45,12 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
     hw = load_hardware(hardware)
     if (num_nodes or 1) > 1 and hostfile is None:
         raise ValueError(f"--num_nodes {num_nodes} needs --hostfile listing the nodes; give one")
+    if hostfile is not None:  # read before anything runs, as tune does: the nodes and slots default to its own
+        hosts = read_hostfile(Path(hostfile))
+        if (num_nodes or 0) > len(hosts):
+            raise ValueError(f"--num_nodes {num_nodes} but --hostfile {hostfile} lists {len(hosts)} host(s); add "
+                             f"hosts or lower --num_nodes")
+        num_nodes, num_gpus = num_nodes or len(hosts), num_gpus or min(slots for _, slots in hosts)
     cluster = ClusterSpec(hw, num_nodes or 1, num_gpus or hw.num_devices_per_node)
     job = Job(load_model(model or DEFAULT_PROBE_MODEL), cluster, seq_len or DEFAULT_PROBE_SEQ_LEN)  # checks early
     root = run_root or Path("zerotune_calibration") / hw.name

@@ -321,6 +321,13 @@ def _calibrate_cases() -> list[Case]:
         _calibrate("timeout-neg", "--timeout_s", "-1", needle="--timeout_s"),
         _calibrate("num_gpus-over-node", "--num_gpus", "3", needle="--num_nodes"),
         _calibrate("num_nodes-no-hostfile", "--num_nodes", "2", needle="--hostfile"),
+        # a hostfile read before anything runs, as tune reads it (was: microbenchmarks started, then pdsh)
+        _calibrate("hostfile-empty", "--hostfile", "{tmp}/hosts", needle="--hostfile", **{"hosts": ""}),
+        _calibrate("hostfile-twice", "--hostfile", "{tmp}/hosts", needle="twice",
+                   **{"hosts": "a slots=2\na slots=2\n"}),
+        _calibrate("hostfile-folder", "--hostfile", "{tmp}", needle="--hostfile"),
+        _calibrate("hostfile-short", "--hostfile", "{tmp}/hosts", "--num_nodes", "2", needle="--num_nodes",
+                   **{"hosts": "a slots=2\n"}),
         Case("calibrate-hw-missing", ("calibrate", "--hardware", "nosuch", "--from", "{tmp}/t.csv"),
              {"t.csv": _csv()}, "--hardware"),
         Case("calibrate-hw-name-path", ("calibrate", "--hardware", "{tmp}/hw.yaml", "--from", "{tmp}/t.csv"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from zerotune.calibrate.launch import read_hostfile
 from zerotune.predictor import DSConfig, to_ds_config
 from zerotune.predictor.dsconfig import AUTO, AutotuningConfig
 
@@ -223,27 +224,6 @@ def optimal_ds_config(cfg: DSConfig, world_size: int, user_doc: Mapping[str, Any
 
 
 # -- resources and model information ----------------------------------------------------------------------
-
-def read_hostfile(path: Path) -> list[tuple[str, int]]:
-    """(host, slots) per line of a DeepSpeed hostfile ('worker-0 slots=8'; '#' starts a comment)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"--hostfile {path}: cannot read it ({exc.strerror}); give a readable DeepSpeed "
-                         f"hostfile of 'host slots=N' lines") from None
-    hosts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        match = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
-        if match is None or int(match.group(2)) < 1:
-            raise ValueError(f"--hostfile {path}:{number}: {line!r} is not 'host slots=N' with N >= 1; fix the line")
-        hosts.append((match.group(1), int(match.group(2))))
-    if not hosts:
-        raise ValueError(f"--hostfile {path}: no 'host slots=N' line; list at least one host")
-    return hosts
-
 
 def filtered_resources(hosts: Sequence[tuple[str, int]], include: str | None,
                        exclude: str | None) -> list[tuple[str, int]]:
