@@ -309,6 +309,19 @@ def _autotuning(doc: dict[str, Any]) -> AutotuningConfig:
             raise ValueError(f"ds_config autotuning.metric must be throughput, latency or FLOPS, got {sec['metric']!r}")
         sec["metric"] = metric
     defaults = AutotuningConfig()
+    for key in ("results_dir", "exps_dir", "metric_path", "model_info_path"):
+        value = sec.get(key)
+        if key in sec and value is not None and not (isinstance(value, str) and value.strip()):
+            raise ValueError(f"ds_config autotuning.{key} must be a folder or file path, got {value!r}; give a "
+                             f"path, or remove the key for DeepSpeed's default")
+    if sec.get("tuner_type") is not None and str(sec["tuner_type"]) not in ("gridsearch", "random", "model_based"):
+        raise ValueError(f"ds_config autotuning.tuner_type must be gridsearch, random or model_based (DeepSpeed's "
+                         f"tuners; zerotune's search replaces them), got {sec['tuner_type']!r}")
+    mappings = sec.get("arg_mappings")
+    if mappings is not None and not (isinstance(mappings, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in mappings.items())):
+        raise ValueError(f"ds_config autotuning.arg_mappings must map ds_config keys to the script's flags, e.g. "
+                         f"{{\"train_micro_batch_size_per_gpu\": \"--batch_size\"}}, got {mappings!r}")
     for key, value in sec.items():
         default = getattr(defaults, key)
         if isinstance(default, bool) and not isinstance(value, bool):

@@ -183,6 +183,37 @@ def test_a_script_that_ends_before_the_engine_measures_says_how_many_steps_it_ne
     assert failed.status == "failed" and "end_profile_step 2" in failed.reason and "at least 3" in failed.reason
 
 
+def test_a_script_that_fails_the_same_way_twice_before_training_stops_the_tune(tmp_path: Path,
+                                                                                 budget_ends_it: None) -> None:
+    """Given --model there is no profiling run: a script that cannot import was launched for every one of the 8
+    experiments of the budget, 1 min 39 s, then ended with exit 1 and no reason. Now two identical failures with
+    nothing trained stop it with one line naming the script and the error (exit 2 from the CLI), the folder kept."""
+    settings = _settings(tmp_path, [1, 2, 3, 4, 5, 6, 7, 8], [0, 1], top_k=8)
+    broken = "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"
+    launcher = FakeLauncher(outcomes={name: ("failed", broken) for name in _predicted(settings)})
+    with pytest.raises(ValueError, match=r"failed the same way and nothing has trained \(ModuleNotFoundError"):
+        tune(settings, launcher, log=lambda _: None)
+    assert len(launcher.calls) == 2
+    summary = (tmp_path / "results" / "summary.txt").read_text()
+    assert "failed the same way" in summary and summary.count("nonexistent_module_xyz") >= 2
+    # failures that differ are the configurations' own (a micro-batch the data cannot fill): the budget goes on
+    settings = _settings(tmp_path / "other", [1, 2, 3, 4, 5, 6, 7, 8], [0, 1], top_k=8)
+    launcher = FakeLauncher(outcomes={name: ("failed", f"ValueError: {name}") for name in _predicted(settings)})
+    outcome = tune(settings, launcher, log=lambda _: None)
+    assert len(launcher.calls) == 8 and outcome.best is None
+
+
+def test_a_measurement_far_beyond_the_prediction_is_not_taken(tmp_path: Path, budget_ends_it: None) -> None:
+    """A metrics file saying 1e30 samples/s (a script writing DeepSpeed's metrics path itself) was chosen as the
+    optimum and corrected into every prediction (the next one 1.2e26, band up to 4e53)."""
+    settings = _settings(tmp_path, [6, 8], [0], top_k=2)
+    outcome = tune(settings, FakeLauncher(step_s=lambda d: 1e-12 if d["train_micro_batch_size_per_gpu"] == 8
+                                          else 0.02), log=lambda _: None)
+    absurd = {r.name: r for r in outcome.results}["z0_gas1_tmbspg8"]
+    assert absurd.status == "failed" and "not taken as a measurement" in absurd.reason
+    assert outcome.best is not None and outcome.best.name == "z0_gas1_tmbspg6"
+
+
 def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path, budget_ends_it: None) -> None:
     settings = _settings(tmp_path, [6, 7, 8], [0], top_k=3)
     with pytest.raises(KeyboardInterrupt):

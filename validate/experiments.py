@@ -293,7 +293,8 @@ def _first_words(exc: BaseException) -> str:
 def read_ds_config(path: Path, flag: str = "--deepspeed") -> dict[str, Any]:
     """The ds_config at `path`, given with `flag` (named in the one-line errors)."""
     if not path.is_file():
-        raise ValueError(f"{flag} {path}: no such file; give the path of an existing ds_config.json")
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        raise ValueError(f"{flag} {path}: {what}; give the path of an existing ds_config.json")
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

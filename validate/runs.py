@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from zerotune.calibrate.fit import IMPLAUSIBLE_RATIO
 from zerotune.calibrate.launch import LaunchSpec, RunResult, StopRule, free_port
 from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import DSConfig, Job, estimate, experiment_name
@@ -131,6 +132,11 @@ def experiment_result(name: str, cfg: DSConfig, prediction: Prediction, run: Run
         step_s = window_step_s(run, samples, at)
     except ValueError as exc:
         return ExperimentResult(name, cfg, prediction, "failed", str(exc), wall_s=run.wall_s)
+    if prediction.step_s and step_s * IMPLAUSIBLE_RATIO < prediction.step_s:  # corrected into every prediction else
+        return ExperimentResult(name, cfg, prediction, "failed",
+                                f"its metrics give a step of {step_s:.3g} s, over {IMPLAUSIBLE_RATIO:g}x faster than "
+                                f"predicted ({prediction.step_s:.3g} s): not taken as a measurement (does the script "
+                                f"write the metrics file itself?)", wall_s=run.wall_s)
     return ExperimentResult(name, cfg, prediction, "ok", "", _metric_of_step(metric, step_s, samples, flops), step_s,
                             samples / step_s, run.wall_s, step_times_s=run.step_times_s,
                             peak_memory_bytes=read_peak_bytes(run.run_dir / PEAK_PREFIX))

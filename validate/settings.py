@@ -125,6 +125,12 @@ def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
     if at.end_profile_step < at.start_profile_step:
         raise ValueError(f"ds_config autotuning.end_profile_step {at.end_profile_step} is before start_profile_step "
                          f"{at.start_profile_step}; make it at least as large")
+    for key in ("results_dir", "exps_dir"):  # folders tune writes: a file on the way is named before anything runs
+        folder = Path(getattr(at, key))
+        blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise ValueError(f"ds_config autotuning.{key} {str(folder)!r}: {str(blocking)!r} is a file, not a "
+                             f"folder; give another {key}")
     return at
 
 
@@ -215,7 +221,9 @@ def _command(args: argparse.Namespace) -> tuple[UserCommand, str | None, int | N
                        "--warmup", "0")
         return UserCommand(BUILTIN_SCRIPT, script_args, "--deepspeed_config", path), model, seq_len
     if not Path(args.script).is_file():
-        raise ValueError(f"training script {args.script}: no such file; give the path of the script to tune")
+        what = "a folder" if Path(args.script).is_dir() else "not a regular file" if Path(args.script).exists() \
+            else "no such file"
+        raise ValueError(f"training script {args.script}: {what}; give the path of the script to tune")
     try:
         command = split_user_command(args.script, args.script_args)
     except ValueError:

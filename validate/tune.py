@@ -58,8 +58,8 @@ from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, prof
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
-from zerotune.validate.runs import (EARLY_STOP_MARGIN, finished_earlier, launch_spec, max_samples_for_window,
-                                   measurement_of, run_experiment)
+from zerotune.validate.runs import (EARLY_STOP_MARGIN, ENDED_EARLY, finished_earlier, launch_spec,
+                                   max_samples_for_window, measurement_of, run_experiment)
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
                                       candidate_table, choice_at, fit_probabilities, measured_job,
                                       measured_memory_ratio, observation_of, prediction_of, run_search)
@@ -140,6 +140,27 @@ def _resumed(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Lay
     return earlier
 
 
+class ScriptBroken(Exception):
+    """The script failed the same way in every run so far and has never trained: no configuration will change that
+    (an import error, a typo, a missing file), so the budget is not spent on it."""
+
+
+def _check_script_runs(settings: TuneSettings, results: Sequence[ExperimentResult],
+                       initial: Sequence[Measurement]) -> None:
+    """ScriptBroken after two experiments that failed with the same reason while nothing (profiling run included)
+    has trained; a run that ended before the engine's window is left to max_samples_for_window."""
+    trained = any(m.status in ("ok", "oom") for m in initial) or any(
+        r.status in ("ok", "stopped", "oom") for r in results)
+    if trained or len(results) < 2:
+        return
+    last, before = results[-1], results[-2]
+    if last.status == before.status == "failed" and last.reason == before.reason \
+            and not last.reason.startswith(ENDED_EARLY):
+        raise ScriptBroken(f"training script {settings.command.script}: experiments {before.name} and {last.name} "
+                           f"failed the same way and nothing has trained ({last.reason}); make the script train "
+                           f"under deepspeed with this ds_config, then rerun")
+
+
 def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, model: Calibration,
             table: SearchTable, launcher: Launcher, log: Callable[[str], None], results: list[ExperimentResult],
             initial: Sequence[Measurement] = (), earlier: Sequence[tuple[int, ExperimentResult]] = ()) -> str:
@@ -161,6 +182,7 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
         results.append(result)
+        _check_script_runs(settings, results, initial)
         return _observation(table, choice.index, result, job, model.efficiency, at)
 
     initial_obs = [observation_of(job, model.efficiency, m) for m in initial]
@@ -286,6 +308,9 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
         _write_outputs(settings, job, at, layout, results, "interrupted (Ctrl-C): rerun to resume",
                        time.monotonic() - start)
         raise
+    except ScriptBroken as exc:  # the failures stay in the folder; a rerun retries them (failed runs do not resume)
+        _write_outputs(settings, job, at, layout, results, f"stopped: {exc}", time.monotonic() - start)
+        raise ValueError(str(exc)) from None
     duration_s = time.monotonic() - start
     faster = _faster_before(initial, best_result(results, at.metric), at.metric)
     if faster:
