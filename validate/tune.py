@@ -27,6 +27,7 @@ interrupted tune resumes it and skips what finished; `metric: latency` is minimi
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shlex
 import signal
@@ -431,7 +432,9 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         return 128 + getattr(exc, "signum", signal.SIGINT)
     print(outcome.layout.summary.read_text())
     if outcome.best is None:
-        print(f"zerotune tune: no experiment finished; see {outcome.layout.summary}", file=sys.stderr)
+        reasons = collections.Counter(r.reason.split(";")[0] for r in outcome.results if r.reason)
+        why = f" ({len(outcome.results)} ran; most often: {reasons.most_common(1)[0][0]})" if reasons else ""
+        print(f"zerotune tune: no experiment finished{why}; see {outcome.layout.summary}", file=sys.stderr)
         return 1
     print(f"zerotune tune: optimal {outcome.best.name} ({outcome.best.metric_value:.4g}); wrote "
           f"{outcome.layout.optimal_config} and {outcome.layout.optimal_cmd}")
