@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
-__all__ = ["read_hostfile", "LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
+__all__ = ["read_hostfile", "check_accelerator_here", "ACCELERATOR_TOOLS", "LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
            "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
            "step_phase_times_s", "allreduce_times_s", "tail_text", "Terminated", "terminate_as_interrupt"]
 
@@ -65,6 +65,26 @@ POLL_S = 0.5
 """How often a run with a stop rule has its output read."""
 StopRule = Callable[[tuple[float, ...]], "str | None"]
 """Given the step times seen so far (seconds per optimizer step, in order), why to stop the run now, or None."""
+
+
+ACCELERATOR_TOOLS = ("nvidia-smi", "rocm-smi", "amd-smi", "hl-smi")
+"""Each accelerator vendor's command-line tool (NVIDIA, AMD, Intel Gaudi): a machine with none of them has no device
+DeepSpeed could train on but its CPU."""
+
+
+def check_accelerator_here(kind: str, hardware: str, hostfile: Path | None) -> None:
+    """A one-line error before anything runs when --hardware names an accelerator this machine cannot be running
+    (experiments ran, each failing at start-up, instead): DS_ACCELERATOR=cpu, or no vendor tool on one node."""
+    accelerator = os.environ.get("DS_ACCELERATOR")
+    if kind == "cpu" or hostfile is not None:  # with a hostfile the ranks run on the listed hosts, not here
+        return
+    if accelerator == "cpu":
+        raise ValueError(f"--hardware {hardware} is a {kind.upper()}, but DS_ACCELERATOR=cpu makes DeepSpeed train "
+                         f"on the CPU; unset DS_ACCELERATOR, or give --hardware cpu")
+    if accelerator is None and not any(shutil.which(tool) for tool in ACCELERATOR_TOOLS):
+        raise ValueError(f"--hardware {hardware} is a {kind.upper()}, but this machine has none "
+                         f"({', '.join(ACCELERATOR_TOOLS)} not found); run zerotune where the devices are, or give "
+                         f"--hardware cpu")
 
 
 def read_hostfile(path: Path) -> list[tuple[str, int]]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from zerotune.calibrate.environment import collect_environment
 from zerotune.calibrate.fit import FitResult, fit, make_profile
-from zerotune.calibrate.launch import read_hostfile
+from zerotune.calibrate.launch import check_accelerator_here, read_hostfile
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.calibrate.microbench import run_microbenchmarks
 from zerotune.calibrate.probe import run_probes
@@ -43,6 +43,7 @@ def measure(*, hardware: str, num_gpus: int | None, num_nodes: int | None, hostf
     if max_probes > 6:
         raise ValueError(f"--max_probes {max_probes}: calibration uses at most 6 probe runs; pass 6 or fewer")
     hw = load_hardware(hardware)
+    check_accelerator_here(hw.kind, hw.name, Path(hostfile) if hostfile else None)
     if (num_nodes or 1) > 1 and hostfile is None:
         raise ValueError(f"--num_nodes {num_nodes} needs --hostfile listing the nodes; give one")
     if hostfile is not None:  # read before anything runs, as tune does: the nodes and slots default to its own

@@ -317,6 +317,7 @@ def _calibrate_cases() -> list[Case]:
         _calibrate("from-dir-text-gpus", *folder, needle="num_gpus",
                    **_dir_experiment({"num_gpus": "two", "num_nodes": 1}, {"throughput": 3.0})),
         _calibrate("max-probes", "--max_probes", "7", needle="--max_probes"),
+        Case("calibrate-gpu-here", ("calibrate", "--hardware", "h200", "--out", "{tmp}/p.json"), {}, "--hardware"),
         _calibrate("timeout-nan", "--timeout_s", "nan", needle="--timeout_s"),
         _calibrate("timeout-neg", "--timeout_s", "-1", needle="--timeout_s"),
         _calibrate("num_gpus-over-node", "--num_gpus", "3", needle="--num_nodes"),
@@ -396,6 +397,8 @@ def _tune_cases() -> list[Case]:
           **{"ds.json": json.dumps({"autotuning": {"results_dir": "{tmp}/rf"}}), "rf": ""}),
         t("script-a-folder", "{tmp}/sub", *flag, needle="a folder", **ds, **{"sub/x": ""}),
         t("hardware-unknown", "--hardware", "gpu9000", *flag, needle="--hardware", **ds),
+        # a GPU named on a machine without one (or told to train on its CPU): experiments ran and failed
+        t("hardware-gpu-here", "--hardware", "h200", "--model", "gpt2", *flag, needle="--hardware", **ds),
         t("hostfile-missing", "--hostfile", "{tmp}/hosts", *flag, needle="hosts", **ds),
         t("hostfile-bad", "--hostfile", "{tmp}/hosts", *flag, needle="hosts", **{**ds, "hosts": "node1 slots=x\n"}),
         t("profile-missing", "--profile", "{tmp}/p.json", *flag, needle="p.json", **ds),

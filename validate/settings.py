@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from zerotune.calibrate.launch import LaunchSpec, RunResult
+from zerotune.calibrate.launch import LaunchSpec, RunResult, check_accelerator_here
 from zerotune.predictor import ClusterSpec, list_hardware, load_hardware, parse_ds_config
 from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.hardware import Precision
@@ -297,6 +297,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
               f"experiment sets it through {dict(zip(BATCH_KEYS, TRAINER_FLAGS))[key]} (autotuning.arg_mappings)")
     hardware = args.hardware or _default_hardware()
     hw = load_hardware(hardware)
+    check_accelerator_here(hw.kind, hardware, args.hostfile)
     num_nodes, num_gpus = _resources(args, hw.num_devices_per_node)
     ClusterSpec(hw, num_nodes, num_gpus)  # --num_gpus within the node, before anything runs
     at = autotuning_of(doc, num_nodes * num_gpus)  # the autotuning section's numbers, before anything runs
