@@ -281,6 +281,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_profile_path(hardware)
     check_writable(out, args.force)  # before anything is measured
     if args.source:
+        run_flags = (("--num_gpus", args.num_gpus, None), ("--num_nodes", args.num_nodes, None),
+                     ("--hostfile", args.hostfile, None), ("--quick", args.quick, False),
+                     ("--max_probes", args.max_probes, 6), ("--timeout_s", args.timeout_s, 900.0))
+        ignored = [flag for flag, value, default in run_flags if value != default]
+        if ignored:
+            warnings.warn(f"{', '.join(ignored)}: no effect with --from (nothing is run; the table says how its "
+                          f"runs were made)")
         measurements = calibration.on_hardware(
             read_measurements(args.source, model=args.model, hardware=args.hardware, seq_len=args.seq_len), hardware)
         environment = {"source": str(args.source)}
@@ -339,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.debug:
             traceback.print_exc()
-        print(f"zerotune: error: {exc.filename or ''}: {exc.strerror or _one_line(exc)}; check the path and its "
+        name = str(exc.filename or "").replace("\n", "\\n")  # a path with a newline stays one line
+        print(f"zerotune: error: {name}: {exc.strerror or _one_line(exc)}; check the path and its "
               f"permissions", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # a bug, not the user's mistake: one line, where to report it, the trace on --debug

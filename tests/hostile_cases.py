@@ -375,6 +375,7 @@ def _tune_cases() -> list[Case]:
         t("timeout-inf", "--timeout_s", "inf", *flag, needle="--timeout_s", **ds),
         t("memory-cap-nan", "--memory_cap_gib", "nan", *flag, needle="--memory_cap_gib", **ds),
         t("memory-cap-inf", "--memory_cap_gib", "inf", *flag, needle="--memory_cap_gib", **ds),
+        t("memory-cap-tiny", "--memory_cap_gib", "1e-9", *flag, needle="--memory_cap_gib", **ds),  # blamed the script
         t("seq_len-neg", "--seq_len", "-5", *flag, needle="--seq_len", **ds),
         t("explore-bad", "--explore", "zero4", *flag, needle="--explore", **ds),
         t("script-missing", "{tmp}/train.py", *flag, needle="train.py", **ds),

@@ -10,7 +10,7 @@ from typing import Callable
 from zerotune.predictor.limits import (MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_PARALLEL,
                               MAX_SEQ_LEN)
 
-__all__ = ["positive_int", "positive_int_list", "positive_float", "non_negative_float", "FLAG_MAXIMA"]
+__all__ = ["positive_int", "positive_int_list", "positive_float", "float_at_least", "non_negative_float", "FLAG_MAXIMA"]
 
 FLAG_MAXIMA: dict[str, float] = {
     "--num_gpus": MAX_GPUS_PER_NODE, "--num_nodes": MAX_NODES, "--micro_batch": MAX_MICRO_BATCH,
@@ -60,6 +60,10 @@ def _float(flag: str, text: str, low: float, inclusive: bool) -> float:
 
 def positive_float(flag: str) -> Callable[[str], float]:
     return lambda text: _float(flag, text, 0.0, inclusive=False)
+
+
+def float_at_least(flag: str, low: float) -> Callable[[str], float]:
+    return lambda text: _float(flag, text, low, inclusive=True)
 
 
 def non_negative_float(flag: str) -> Callable[[str], float]:

@@ -19,7 +19,7 @@ from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.space import EXPLORABLE
 from zerotune.predictor.units import GIB, MIB
-from zerotune.validate.args import positive_float, positive_int
+from zerotune.validate.args import float_at_least, positive_float, positive_int
 from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, check_arg_mappings,
                                            filtered_resources, read_ds_config, read_hostfile, split_user_command,
                                            trainer_arg_mappings)
@@ -156,7 +156,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                                       "nvidia-smi is on PATH)")
     p.add_argument("--seq_len", type=positive_int("--seq_len"), help=f"tokens per sample the script trains on (built-in: {BUILTIN_SEQ_LEN})")
     p.add_argument("--timeout_s", type=positive_float("--timeout_s"), default=600.0, help="seconds before an experiment counts as hung")
-    p.add_argument("--memory_cap_gib", type=positive_float("--memory_cap_gib"), help="per-process address-space cap for experiments (RLIMIT_AS)")
+    p.add_argument("--memory_cap_gib", type=float_at_least("--memory_cap_gib", MIN_MEMORY_CAP_GIB),
+                   help="per-process address-space cap for experiments (RLIMIT_AS; at least "
+                        f"{MIN_MEMORY_CAP_GIB:g}: importing torch and DeepSpeed needs about 1 GiB)")
     p.add_argument("--explore", default=",".join(EXPLORABLE),
                    help="what the space may add that the ds_config does not set: offload,checkpointing or none")
     p.add_argument("--deepspeed", dest="tune_ds_config", metavar="DS_CONFIG",
@@ -247,6 +249,12 @@ def _default_hardware() -> str:
     if os.environ.get("DS_ACCELERATOR") == "cpu" or shutil.which("nvidia-smi") is None:
         return "cpu"
     return detected_gpu(_nvidia_smi_gpus())
+
+
+MIN_MEMORY_CAP_GIB = 1.5
+"""The smallest --memory_cap_gib accepted: `import torch, deepspeed` under RLIMIT_AS passed at 1 GiB of address
+space and failed at 0.5 (torch 2.13 CPU, DeepSpeed 0.19.8, this project's VM, 2026-11-28); a smaller cap killed
+every rank at start-up and the failure was blamed on the script."""
 
 
 def _nvidia_smi_gpus() -> str:
