@@ -133,6 +133,23 @@ def _embeddings(model: nn.Module, blocks: nn.Module) -> tuple[nn.Embedding | Non
     return tokens, others
 
 
+def _bare_positions(model: nn.Module, blocks: nn.Module, h: int) -> tuple[str, int] | None:
+    """(name, positions) of a position table a token model holds as a parameter of its own, outside the blocks and
+    named for positions (`self.pos = nn.Parameter(torch.zeros(1, S, h))`: 32,768 parameters left out of a script's
+    description), the largest such; None without. Other modules' weights (nn.MultiheadAttention's in_proj_weight
+    is (3h, h) too) are not taken for one."""
+    inside = {id(p) for p in blocks.parameters()}
+    found = []
+    for module_name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.Linear, nn.MultiheadAttention)):
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            rows = param.numel() // h if param.dim() >= 2 and param.shape[-1] == h else 0
+            if rows >= 2 and param.shape[-2] == rows and id(param) not in inside and "pos" in name.lower():
+                found.append((f"{module_name}.{name}".lstrip("."), rows))  # (S, h) or (1, S, h): a row a position
+    return max(found, key=lambda f: f[1]) if found else None
+
+
 def _block_width(block: nn.Module) -> int:
     """The hidden size of a block whose model has no token embedding: nn.MultiheadAttention's embed_dim, else the
     width of the block's norms (they normalise the residual stream)."""
@@ -327,6 +344,28 @@ def _activation(block: nn.Module) -> str | None:
     return {1: "relu", 2: "gelu"}.get(flag) if isinstance(flag, int) else None
 
 
+READ_BLOCK_SHARE = 0.9
+"""The share of a repeated block's parameters that must sit in what a transformer block is read from (linear
+layers, nn.MultiheadAttention, embedding tables, and 1-D scales and biases such as norms'); below it the block does
+something else with the rest (a Conformer block held 13% of its parameters in its convolution module's Conv1d
+layers; reading its linears alone described 2.37M of the model's 3.63M parameters, its two feed-forward modules as
+one gated MLP), and the model's measured costs stand in for it."""
+
+
+def _check_block_is_read(block: nn.Module) -> None:
+    """LookupError naming the modules that hold too much of the block (READ_BLOCK_SHARE) to be left out."""
+    total, unread, kinds = 0, 0, set()
+    for module in block.modules():
+        for param in module.parameters(recurse=False):
+            total += param.numel()
+            if param.dim() > 1 and not isinstance(module, (nn.Linear, nn.MultiheadAttention, nn.Embedding)):
+                unread += param.numel()
+                kinds.add(type(module).__name__)
+    if total and unread > (1 - READ_BLOCK_SHARE) * total:
+        raise LookupError(f"the repeated block holds {unread / total:.0%} of its parameters in "
+                          f"{', '.join(sorted(kinds))}, which a transformer block has not")
+
+
 def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     found = find_blocks(model)
     if found is None:
@@ -337,6 +376,7 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
         raise LookupError("stacks of repeated blocks at different widths (" + ", ".join(
             f"{name} {width}" for name, width in stages) + "): a hierarchical model no one block describes")
     name, blocks = found
+    _check_block_is_read(blocks[0])
     tokens, others = _embeddings(model, blocks)
     notes["read"].append(f"{len(blocks)} x {type(blocks[0]).__name__} at {name or 'the model'}")
     factorized = 0
@@ -372,6 +412,10 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     if "positions" in others:
         doc.update(position_embedding="learned", max_position_embeddings=others["positions"].num_embeddings)
         notes["read"].append(f"learned positions {others['positions'].num_embeddings}")
+    elif tokens is not None and _bare_positions(model, blocks, h) is not None:
+        name_p, positions = _bare_positions(model, blocks, h)  # type: ignore[misc]
+        doc.update(position_embedding="learned", max_position_embeddings=positions)
+        notes["read"].append(f"learned positions {positions} ({name_p}, a parameter of its own)")
     else:
         rotary = any("rotary" in type(m).__name__.lower() or hasattr(m, "inv_freq") for m in model.modules())
         doc["position_embedding"] = "rotary" if rotary else "none"

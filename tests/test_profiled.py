@@ -1237,3 +1237,66 @@ def test_the_site_counts_a_recurrent_layers_forward_flops(kind: str) -> None:
     with FlopCounterMode(display=False) as counter:
         model(ids)
     assert (counter.get_total_flops() == head) == (kind == "LSTM")  # what the counter alone saw
+
+
+class _ConvModule(torch.nn.Module):
+    """A Conformer block's convolution module: pointwise, depthwise over time, pointwise."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.norm, self.bn = torch.nn.LayerNorm(h), torch.nn.BatchNorm1d(h)
+        self.pointwise_in = torch.nn.Conv1d(h, 2 * h, 1)
+        self.depthwise = torch.nn.Conv1d(h, h, 15, padding=7, groups=h)
+        self.pointwise_out = torch.nn.Conv1d(h, h, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.glu(self.pointwise_in(self.norm(x).transpose(1, 2)), dim=1)
+        return x + self.pointwise_out(torch.nn.functional.silu(self.bn(self.depthwise(y)))).transpose(1, 2)
+
+
+class _ConformerBlock(torch.nn.Module):
+    def __init__(self, h: int = 64) -> None:
+        super().__init__()
+        self.ff1 = torch.nn.Sequential(torch.nn.LayerNorm(h), torch.nn.Linear(h, 4 * h), torch.nn.SiLU(),
+                                       torch.nn.Linear(4 * h, h))
+        self.attn = torch.nn.MultiheadAttention(h, 4, batch_first=True)
+        self.conv = _ConvModule(h)
+        self.ff2 = torch.nn.Sequential(torch.nn.LayerNorm(h), torch.nn.Linear(h, 4 * h), torch.nn.SiLU(),
+                                       torch.nn.Linear(4 * h, h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.ff1(x)
+        x = x + self.attn(x, x, x, need_weights=False)[0]
+        return x + 0.5 * self.ff2(self.conv(x))
+
+
+def test_a_block_holding_convolutions_is_described_by_a_stand_in_not_as_a_transformer_block() -> None:
+    """A Conformer block: its two feed-forward modules were read as one gated MLP and its convolution module not at
+    all (the model described at 2.37M of its 3.63M parameters); a block with more than a tenth of its parameters in
+    modules a transformer block has not is not read as one, and the model's measured costs stand in for it."""
+    from zerotune.calibrate.inspect_model import readable
+    model = torch.nn.Sequential(torch.nn.Linear(80, 64), torch.nn.ModuleList(_ConformerBlock() for _ in range(3)))
+    doc = describe(model)
+    assert doc["structure"] is None and "Conv1d" in doc["error"] and not readable(doc)
+
+
+class _BarePositionsLM(torch.nn.Module):
+    """A token model whose learned positions are a parameter of its own, not an nn.Embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(3000, 128), torch.nn.Parameter(torch.zeros(1, 96, 128))
+        self.blocks = torch.nn.ModuleList([torch.nn.TransformerEncoderLayer(128, 4, 512, batch_first=True)
+                                           for _ in range(2)])
+
+
+def test_learned_positions_held_as_a_bare_parameter_are_read(tmp_path: Path) -> None:
+    """`self.pos = nn.Parameter(torch.zeros(1, S, h))`: read as 'no position table', its S x h parameters left out
+    of the description (3,630,336 of a script's 3,663,104)."""
+    model = _BarePositionsLM()
+    s = describe(model)["structure"]
+    assert (s["position_embedding"], s["max_position_embeddings"]) == ("learned", 96)
+    prefix = tmp_path / "profiled"
+    _write_profile(prefix, model, [{"name": "", "shape": [2, 96], "dtype": "int64"}])
+    run = read_profiled(prefix, "bare-positions", 2)
+    assert run.model.num_params == pytest.approx(sum(p.numel() for p in model.parameters()), abs=512)

@@ -18,7 +18,7 @@ import pytest
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult
 from zerotune.calibrate.measurement import read_jsonl
-from zerotune.predictor import experiment_name, parse_ds_config
+from zerotune.predictor import DSConfig, ZeroConfig, experiment_name, parse_ds_config
 from zerotune.predictor.rank import rank
 from zerotune.predictor.space import space_from_ds_config
 from zerotune.validate.experiments import (UserCommand, check_arg_mappings, model_from_num_params, read_hostfile,
@@ -896,11 +896,18 @@ def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(t
     settings = dc_replace(_settings(tmp_path, [1], [1]),
                           command=UserCommand(script, (), "--deepspeed_config", tmp_path / "ds.json"))
     run = ProfiledRun(load_model(TINY), (), (), 64, 16, 1, {}, "float32", False, (1.0,), None, engine_micro_batch=16)
-    with pytest.raises(ValueError, match=r"asked for train_micro_batch_size_per_gpu 1 through --deepspeed_config but "
-                                         r"its DeepSpeed engine ran 16 .*deepspeed\.initialize"):
-        _check_followed(settings, run, 1, tmp_path)
-    _check_followed(settings, dc_replace(run, engine_micro_batch=1), 1, tmp_path)  # followed: no complaint
-    _check_followed(settings, dc_replace(run, engine_micro_batch=None), 1, tmp_path)  # no step recorded: no claim
+    asked = DSConfig(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=2, zero=ZeroConfig(stage=0))
+    with pytest.raises(ValueError, match=r"through --deepspeed_config but its DeepSpeed engine ran "
+                                         r"train_micro_batch_size_per_gpu 16 \(asked 1\).*deepspeed\.initialize"):
+        _check_followed(settings, run, asked, tmp_path)
+    followed = {"zero_stage": 0, "gradient_accumulation_steps": 2, "autotuning": True}
+    _check_followed(settings, dc_replace(run, engine_micro_batch=1, engine_config=followed), asked, tmp_path)
+    _check_followed(settings, dc_replace(run, engine_micro_batch=None), asked, tmp_path)  # no step recorded: no claim
+    # a script that took the batch flags (arg_mappings) into a dict of its own: the batch agreed, its ZeRO-1 and the
+    # missing autotuning section did not (every experiment then 'ended before end_profile_step')
+    own = {"zero_stage": 1, "gradient_accumulation_steps": 2, "autotuning": False}
+    with pytest.raises(ValueError, match=r"zero_optimization.stage 1 \(asked 0\), autotuning.enabled False"):
+        _check_followed(settings, dc_replace(run, engine_micro_batch=1, engine_config=own), asked, tmp_path)
 
 
 def test_a_profiling_run_that_ended_before_the_window_times_only_its_steps_past_warm_up(tmp_path: Path) -> None:

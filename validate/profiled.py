@@ -91,6 +91,9 @@ class ProfiledRun:
     input_lengths: tuple[int, ...] = ()
     """Positions of each forward's padded batch, every rank's, where they varied (micro_batch samples each); ()
     where every input had seq_len."""
+    engine_config: Mapping[str, Any] | None = None
+    """The engine's ZeRO stage, gradient accumulation and whether its autotuning section is on (zero_stage,
+    gradient_accumulation_steps, autotuning), as the script built it; None when no step was recorded."""
 
 
 Tokens = tuple[int, int]
@@ -470,7 +473,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")),
-                       input_lengths=input_lengths)
+                       input_lengths=input_lengths, engine_config=rank0.get("engine_config"))
 
 
 def _shared_blocks(spec: ModelSpec, passes: float, read: list[str]) -> ModelSpec:

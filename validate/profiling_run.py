@@ -126,19 +126,27 @@ def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSC
                        reason="zerotune tune's profiling run")
 
 
-def _check_followed(settings: TuneSettings, profiled: ProfiledRun, micro_batch: int, run_dir: Path) -> None:
-    """ValueError (one line) when the profiling run's engine did not run the micro-batch of the ds_config it was
-    given: the script builds its engine from a config of its own (a dict, or a path from its own flag), so no
-    experiment would run what it is named for and every measurement would be scored at the wrong batch."""
-    ran = profiled.engine_micro_batch
-    if ran is None or ran == micro_batch:
+def _check_followed(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run_dir: Path) -> None:
+    """ValueError (one line) when the profiling run's engine did not run the ds_config it was given (its micro-batch,
+    accumulation, ZeRO stage, the autotuning section that makes it write its metrics): the script builds its engine
+    from a config of its own (a dict, or a path from its own flag), so no experiment would run what it is named for
+    (a script that took the batch flags into its own dict ran ZeRO-1 as ZeRO-0, and every experiment then failed
+    as ending before the engine's window, the engine never told to write its metrics)."""
+    engine = dict(profiled.engine_config or {})
+    asked = {"train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
+             "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "zero_optimization.stage": cfg.zero.stage,
+             "autotuning.enabled": True}
+    ran = {"train_micro_batch_size_per_gpu": profiled.engine_micro_batch,
+           "gradient_accumulation_steps": engine.get("gradient_accumulation_steps"),
+           "zero_optimization.stage": engine.get("zero_stage"), "autotuning.enabled": engine.get("autotuning")}
+    differ = [f"{key} {ran[key]} (asked {asked[key]})" for key in asked if ran[key] is not None and ran[key] != asked[key]]
+    if not differ:
         return
     flag = settings.command.ds_config_flag
-    raise ValueError(f"the profiling run of {settings.command.script} asked for train_micro_batch_size_per_gpu "
-                     f"{micro_batch} through {flag} but its DeepSpeed engine ran {ran} (see {run_dir}): the script "
-                     f"builds the engine from a config of its own; make it pass the {flag} file to "
-                     f"deepspeed.initialize (args=args or config=args.{flag.lstrip('-')}), as DeepSpeed's autotuner "
-                     f"also requires")
+    raise ValueError(f"the profiling run of {settings.command.script} was given its ds_config through {flag} but its "
+                     f"DeepSpeed engine ran {', '.join(differ)} (see {run_dir}): the script builds the engine from a "
+                     f"config of its own; make it pass the {flag} file to deepspeed.initialize (args=args or "
+                     f"config=args.{flag.lstrip('-')}), as DeepSpeed's autotuner also requires")
 
 
 def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> None:
@@ -259,7 +267,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
         profiled = read_profiled(prefix, f"profiled-{settings.command.script.stem}", world)
     except ValueError as exc:
         raise _unreadable(settings, run, exc, prefix, run_dir, out_of_memory) from None
-    _check_followed(settings, profiled, cfg.train_micro_batch_size_per_gpu, run_dir)
+    _check_followed(settings, profiled, cfg, run_dir)
     seq_len, precision = settings.seq_len or profiled.seq_len, precision_of_dtype(profiled.dtype)
     as_run = replace(settings, script_checkpointing=profiled.activation_checkpointing, script_precision=precision)
     cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg), as_run)

@@ -354,6 +354,9 @@ def _wrap_step(engine: Any, state: dict[str, Any], path: str) -> None:
                 state["peak_memory_bytes"] = _peak_memory_bytes()
                 state["micro_steps_per_step"] = int(engine.gradient_accumulation_steps())
                 state["train_micro_batch_size_per_gpu"] = int(engine.train_micro_batch_size_per_gpu())
+                state["engine_config"] = {"zero_stage": int(engine.zero_optimization_stage()),
+                                          "gradient_accumulation_steps": int(engine.gradient_accumulation_steps()),
+                                          "autotuning": bool(engine.autotuning_enabled())}
                 _write(path, state)
     engine.step = timed
 
