@@ -72,6 +72,11 @@ ACCELERATOR_TOOLS = ("nvidia-smi", "rocm-smi", "amd-smi", "hl-smi")
 DeepSpeed could train on but its CPU."""
 
 
+ACCELERATOR_NODES = ("/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd", "/dev/accel")
+"""Device nodes the vendors' drivers create (NVIDIA, AMD ROCm, Intel Gaudi's accel class): a container may hold the
+devices without the vendor's tool."""
+
+
 def check_accelerator_here(kind: str, hardware: str, hostfile: Path | None) -> None:
     """A one-line error before anything runs when --hardware names an accelerator this machine cannot be running
     (experiments ran, each failing at start-up, instead): DS_ACCELERATOR=cpu, or no vendor tool on one node."""
@@ -81,7 +86,8 @@ def check_accelerator_here(kind: str, hardware: str, hostfile: Path | None) -> N
     if accelerator == "cpu":
         raise ValueError(f"--hardware {hardware} is a {kind.upper()}, but DS_ACCELERATOR=cpu makes DeepSpeed train "
                          f"on the CPU; unset DS_ACCELERATOR, or give --hardware cpu")
-    if accelerator is None and not any(shutil.which(tool) for tool in ACCELERATOR_TOOLS):
+    if accelerator is None and not any(shutil.which(tool) for tool in ACCELERATOR_TOOLS) \
+            and not any(Path(node).exists() for node in ACCELERATOR_NODES):
         raise ValueError(f"--hardware {hardware} is a {kind.upper()}, but this machine has none "
                          f"({', '.join(ACCELERATOR_TOOLS)} not found); run zerotune where the devices are, or give "
                          f"--hardware cpu")

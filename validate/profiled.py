@@ -139,11 +139,20 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def _token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
-    """(micro-batch, tokens) of the first 2-D integer tensor the model's forward received."""
+    """(micro-batch, tokens) of the first 2-D integer tensor the model's forward received; None where its first
+    input is vectors (a float tensor of 3 or more dimensions: audio frames, images, embeddings), whose integer
+    tensors are targets (a CTC model's (b, 40) labels were read as 40 tokens against its 300 frames)."""
+    if inputs and _vectors_first(inputs):
+        return None
     for item in inputs or []:
         if len(item["shape"]) == 2 and item["dtype"].startswith(("int", "uint")):
             return int(item["shape"][0]), int(item["shape"][1])
     return None
+
+
+def _vectors_first(inputs: list[dict[str, Any]]) -> bool:
+    first = inputs[0]
+    return len(first["shape"]) >= 3 and first["dtype"].startswith(("float", "bfloat"))
 
 
 def _block_tokens(rank0: Mapping[str, Any], hidden: int) -> tuple[int, int] | None:

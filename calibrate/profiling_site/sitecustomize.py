@@ -129,8 +129,9 @@ def _hooks(engine: Any, state: dict[str, Any], blocks: Any) -> None:
         if state["inputs"] is None:
             state["inputs"] = shapes
         # every forward's token length: a collator that pads each batch to its longest sample changes it
-        ids = next((s["shape"] for s in shapes if len(s["shape"]) == 2 and s["dtype"].startswith(("int", "uint"))),
-                   None)
+        vectors = bool(shapes) and len(shapes[0]["shape"]) >= 3 and shapes[0]["dtype"].startswith(("float", "bfloat"))
+        ids = None if vectors else next(  # after frames or images, integer tensors are targets, not token ids
+            (s["shape"] for s in shapes if len(s["shape"]) == 2 and s["dtype"].startswith(("int", "uint"))), None)
         if ids is not None and len(state["input_lengths"]) < MAX_LENGTHS:
             state["input_lengths"].append(int(ids[1]))
     def post_forward(*_: Any) -> None:
