@@ -13,7 +13,7 @@ from typing import Any
 
 from zerotune.predictor.catalog import nearest
 from zerotune.predictor.dsconfig import (AUTO, ActivationCheckpointing, AutotuningConfig, DSConfig, OffloadConfig,
-                                         OptimizerImpl, ZeroConfig)
+                                         OptimizerImpl, ZeroConfig, optimizer_state_names)
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
 
@@ -209,6 +209,10 @@ def _offload(zero: dict[str, Any], key: str, allowed: frozenset[str], buffer_cou
     device = sec.get("device", "none") or "none"
     if device not in ("none", "cpu", "nvme"):
         raise ValueError(f"ds_config {path}.device must be none, cpu or nvme, got {device!r}")
+    ratio = sec.get("ratio")  # DeepSpeed's DeepSpeedZeroOffloadOptimizerConfig: 0 <= ratio <= 1
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1):
+        raise ValueError(f"ds_config {path}.ratio must be a share from 0 to 1 (DeepSpeed refuses others), got "
+                         f"{ratio!r}")
     return OffloadConfig(device=device, pin_memory=_bool(sec, path, "pin_memory", True),
                          buffer_count=_int(sec, path, "buffer_count", buffer_count),
                          buffer_size_elems=_int(sec, path, "buffer_size", 100_000_000))
@@ -270,6 +274,10 @@ def _optimizer_impl(doc: dict[str, Any]) -> OptimizerImpl:
     return "torch" if params.get("torch_adam") is True else "fused"
 
 
+KNOWN_OPTIMIZERS = frozenset(optimizer_state_names()) | {"sgd"}
+"""Optimizer types whose state zerotune costs by name (dsconfig._STATE_BYTES, SGD by its momentum)."""
+
+
 def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
     opt = doc.get("optimizer")
     if opt is None:
@@ -283,7 +291,13 @@ def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
         raise ValueError(f"ds_config optimizer.params must be an object, e.g. {{\"lr\": 0.0001}}, got {params!r}")
     momentum = params.get("momentum", 0.0)
     momentum = 0.0 if momentum == AUTO or not isinstance(momentum, (int, float)) else float(momentum)
-    return opt["type"].lower().replace("_", ""), momentum
+    name = opt["type"].lower().replace("_", "")
+    if name not in KNOWN_OPTIMIZERS:
+        warnings.warn(f"ds_config optimizer.type {opt['type']!r} is not one zerotune knows "
+                      f"({', '.join(sorted(KNOWN_OPTIMIZERS))}); its states are costed as Adam's (8 bytes a "
+                      f"parameter). DeepSpeed looks other names up in torch.optim and stops at start-up when there is "
+                      f"none", stacklevel=3)
+    return name, momentum
 
 
 def _grad_accum_dtype(doc: dict[str, Any]) -> Precision | None:
@@ -411,6 +425,10 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
     if not isinstance(doc, dict):
         raise ValueError(f"ds_config must be a JSON object, got {type(doc).__name__}")
     _refuse_non_objects(doc)
+    clip = doc.get("gradient_clipping")
+    if clip is not None and clip != AUTO and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                                              or not math.isfinite(clip) or clip < 0):
+        raise ValueError(f"ds_config gradient_clipping must be a number of at least 0 (0: none), got {clip!r}")
     for key in doc:
         if key not in TOP_LEVEL_KEYS:
             warnings.warn(f"ds_config: unknown top-level key {key!r}{nearest(key, sorted(TOP_LEVEL_KEYS))}; "

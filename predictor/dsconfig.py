@@ -163,6 +163,11 @@ class DSConfig:
         return self.grad_accum_dtype or self.precision
 
 
+def optimizer_state_names() -> tuple[str, ...]:
+    """The optimizer types (lower-cased, no underscores) whose state bytes are known by name."""
+    return tuple(_STATE_BYTES)
+
+
 def optimizer_state_bytes_per_param(cfg: DSConfig) -> int:
     """fp32 optimizer state per parameter, master copy excluded: Adam m and v = 8 (ZeRO paper sec. 3.1)."""
     if cfg.optimizer == "sgd":

@@ -224,6 +224,10 @@ def _ds_cases() -> list[Case]:
         _ds("pipeline-list", {"pipeline": []}, needle="pipeline"),
         _ds("checkpointing-null", {"activation_checkpointing": None}, needle="activation_checkpointing"),
         _ds("scheduler-text", {"scheduler": "warmup"}, needle="scheduler"),
+        # values DeepSpeed refuses at start-up (its pydantic bounds, clip_grad_norm_'s number)
+        _ds("offload-ratio", {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}},
+            needle="ratio"),
+        _ds("clipping-text", {"gradient_clipping": "1.0"}, needle="gradient_clipping"),
         # JSON that json.loads refuses past its decoder: nesting beyond the recursion limit, 4300+ digits
         _ds("deep-nesting", "[" * 100_000 + "]" * 100_000, needle="ds.json"),
         _ds("huge-integer", '{"train_micro_batch_size_per_gpu": ' + "9" * 5000 + "}", needle="ds.json"),
