@@ -235,12 +235,15 @@ def _predict(args: argparse.Namespace) -> int:
         plan, calibrated = _plan_for(args, args.hardware[0], doc)
         jobs = [(f"{n} node(s)", job_of(args.hardware[0], n)) for n in args.num_nodes]
         points = planning.scaling_sweep(jobs, doc, plan, args.rank)
+        _some_fit(points, "at any of the --num_nodes sizes", "more nodes, offload, checkpointing or a shorter --seq_len")
         title = f"scaling {args.model} on {args.hardware[0]} x {args.num_gpus} per node" + (
             f", best of the ranked space at each size by {plan.metric}" if args.rank else "")
         return _emit(args, whatif_dict(points, "scaling", calibrated), lambda: format_whatif(points, title))
     if len(args.hardware) > 1:
         sweeps = [(hw, job_of(hw, args.num_nodes[0]), *_plan_for(args, hw, doc)) for hw in args.hardware]
         points = planning.hardware_sweep([(hw, job, plan) for hw, job, plan, _ in sweeps], doc, args.rank)
+        _some_fit(points, "on any of the --hardware GPUs", "more GPUs or nodes, offload, checkpointing or a shorter "
+                  "--seq_len")
         title = f"{args.model} on {args.num_nodes[0]} node(s) x {args.num_gpus} of each GPU" + (
             " (best of the ranked space)" if args.rank else "")
         return _emit(args, whatif_dict(points, "hardware_comparison", any(c for *_, c in sweeps)),
@@ -263,6 +266,13 @@ def _predict(args: argparse.Namespace) -> int:
         plot_space(job, evaluate_space(job, space, plan.efficiency), Path(args.plot), plan.efficiency)
     return _emit(args, ranking_dict(ranking, calibrated),
                  lambda: format_ranking(ranking, plan.headroom_bytes, calibrated))
+
+
+def _some_fit(points: Sequence[Any], where: str, fix: str) -> None:
+    """A sweep where nothing fits anywhere is the single prediction's error, not a table of dashes (exit 2)."""
+    if all(p.estimate is None for p in points):
+        notes = "; ".join(dict.fromkeys(p.note for p in points if p.note and p.note != "nothing fits"))
+        raise ValueError(f"no configuration fits {where}" + (f" ({notes})" if notes else "") + f"; try {fix}")
 
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], text: Any) -> int:

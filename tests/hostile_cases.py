@@ -164,6 +164,9 @@ def _flag_cases() -> list[Case]:
         p("explore-empty", "--rank", "--explore", "", needle="--explore"),  # was: read as none
         p("deepspeed-empty", "--deepspeed", "", needle="--deepspeed"),  # was: predicted without a ds_config
         p("lists-both", "--num_nodes", "1,2", "--hardware", "v100-32gb,a100-80gb", needle="--num_nodes"),
+        # a sweep where nothing fits anywhere: the single prediction's error (it had exited 0 with a table of dashes)
+        p("sweep-nothing-fits", "--model", "llama-2-70b", "--hardware", "v100-16gb", "--num_nodes", "1,2", "--rank",
+          needle="--num_nodes"),
         p("fp16-on-cpu", "--hardware", "cpu", "--num_gpus", "2", "--precision", "fp16", needle="fp16"),
         p("unknown-flag", "--gpus", "2", needle="--gpus"),
         p("deepspeed-missing", "--deepspeed", "{tmp}/none.json", needle="none.json"),
