@@ -412,8 +412,8 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     if "positions" in others:
         doc.update(position_embedding="learned", max_position_embeddings=others["positions"].num_embeddings)
         notes["read"].append(f"learned positions {others['positions'].num_embeddings}")
-    elif tokens is not None and _bare_positions(model, blocks, h) is not None:
-        name_p, positions = _bare_positions(model, blocks, h)  # type: ignore[misc]
+    elif tokens is not None and (bare := _bare_positions(model, blocks, h)) is not None:
+        name_p, positions = bare
         doc.update(position_embedding="learned", max_position_embeddings=positions)
         notes["read"].append(f"learned positions {positions} ({name_p}, a parameter of its own)")
     else:

@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator, Literal, Mapping
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.environment import collect_environment
 
-__all__ = ["read_hostfile", "check_accelerator_here", "ACCELERATOR_TOOLS", "LaunchSpec", "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
+__all__ = ["read_hostfile", "check_accelerator_here", "ACCELERATOR_TOOLS", "ACCELERATOR_NODES", "LaunchSpec",
+           "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
            "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
            "step_phase_times_s", "allreduce_times_s", "tail_text", "Terminated", "terminate_as_interrupt"]
 
@@ -70,7 +71,6 @@ StopRule = Callable[[tuple[float, ...]], "str | None"]
 ACCELERATOR_TOOLS = ("nvidia-smi", "rocm-smi", "amd-smi", "hl-smi")
 """Each accelerator vendor's command-line tool (NVIDIA, AMD, Intel Gaudi): a machine with none of them has no device
 DeepSpeed could train on but its CPU."""
-
 
 ACCELERATOR_NODES = ("/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd", "/dev/accel")
 """Device nodes the vendors' drivers create (NVIDIA, AMD ROCm, Intel Gaudi's accel class): a container may hold the
@@ -115,7 +115,6 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
     if not hosts:
         raise ValueError(f"--hostfile {path}: no 'host slots=N' line; list at least one host")
     return hosts
-
 
 
 @dataclass(frozen=True)

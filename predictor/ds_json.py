@@ -383,8 +383,7 @@ def _resolve_batch(doc: dict[str, Any], dp_world_size: int) -> tuple[int, int]:
 def _tensor_parallel(doc: dict[str, Any], mp_size: int) -> int:
     """The tensor-parallel degree: autotuning.mp_size, or DeepSpeed's AutoTP training degree
     (tensor_parallel.autotp_size, runtime/tensor_parallel/config.py TPTrainingConfig; 0 or 1: none)."""
-    sec = doc.get("tensor_parallel") or {}
-    autotp = _int(sec, "tensor_parallel", "autotp_size", 0, 0) if isinstance(sec, dict) else 0
+    autotp = _int(doc.get("tensor_parallel") or {}, "tensor_parallel", "autotp_size", 0, 0)  # an object: checked
     if autotp > 1 and mp_size > 1 and autotp != mp_size:
         raise ValueError(f"ds_config tensor_parallel.autotp_size {autotp} and autotuning.mp_size {mp_size} differ; "
                          f"give the tensor-parallel degree once")
@@ -414,8 +413,7 @@ def _refuse_non_objects(doc: dict[str, Any]) -> None:
     for key in sorted(OBJECT_SECTIONS & set(doc)):
         value = doc[key]
         if not isinstance(value, dict):
-            shown = "null" if value is None else json.dumps(value) if isinstance(value, (list, str, bool, int, float)) \
-                else type(value).__name__
+            shown = json.dumps(value, default=lambda v: type(v).__name__)
             raise ValueError(f"ds_config {key} must be an object (DeepSpeed reads it as a section), got {shown[:40]}; "
                              f"give {{...}} or remove the key")
 
