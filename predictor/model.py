@@ -131,6 +131,12 @@ class ModelSpec:
     apart, so softmax probabilities underflow: tests/fixtures/scripts/encoder_mlm.py read 3.3% at its first
     backward and 1.5% six AdamW steps later. The logits' backward GEMMs slow with it on a CPU
     (HardwareSpec.subnormal_gemm_slowdown). 0 in the catalog: a pretrained model's, or a GPU's, costs nothing."""
+    logits_grad_subnormal_factor: float = 0.0
+    """How many times longer the logits' backward GEMMs take at logits_grad_subnormal_share on the host that runs the
+    job, as zerotune tune's profiling run timed it there (GEMMs with subnormal operands, interpolated to the share:
+    calibrate/profiling_site _subnormal_rate, validate/profiled.py); at least 1. 0: the hardware catalog's linear
+    term (1 + HardwareSpec.subnormal_gemm_slowdown x the share). How slow a subnormal operand is depends on the core:
+    an Intel Xeon host ran 7x slower at 3%, an AMD EPYC host not slower at all at 3% or 17%."""
     hooked_modules_per_layer: int = 0
     """Modules one block runs: the block, every submodule whose forward is called (linears, norms, the attention
     and MLP wrappers, activation and dropout modules, dropouts of rate 0 included), for ZeRO-3's hooks, which
@@ -183,6 +189,12 @@ class ModelSpec:
     gradients, optimizer states and their traffic are those of distinct_layers blocks. A shared weight's gradient
     sums over its passes before autograd's AccumulateGrad runs once for it, so its hook fires, and its reduction
     can start, only when backward has passed its first use. 0: every block holds its own."""
+    vocab_padding_multiple: int = 0
+    """A framework that pads the vocabulary's rows before splitting them over tensor-parallel ranks: Megatron-LM and
+    Megatron-DeepSpeed pad vocab_size up to a multiple of make_vocab_size_divisible_by (default 128) x the
+    tensor-parallel degree (megatron/tokenizer/tokenizer.py _vocab_size_with_padding), so that the head's GEMMs stay
+    aligned (ops.TENSOR_CORE_ALIGN_BYTES). 0: no padding (Hugging Face models run vocab_size rows as given;
+    a script's own padded table is read as its real size)."""
     published_num_params: int = 0
     """The parameter count the model's authors publish (0 if none); a catalog test compares it."""
     source: str = ""
@@ -198,6 +210,9 @@ class ModelSpec:
         if self.vocab_size < 0 or (self.vocab_size == 0 and self.head == "lm"):
             raise ValueError(f"model {self.name!r}: vocab_size must be positive for a vocabulary head (head: lm), or 0 "
                              f"with head: none or pooler for inputs that are not tokens, got {self.vocab_size}")
+        if self.logits_grad_subnormal_factor and self.logits_grad_subnormal_factor < 1.0:
+            raise ValueError(f"model {self.name!r}: logits_grad_subnormal_factor must be 0 (the catalog's) or at "
+                             f"least 1, got {self.logits_grad_subnormal_factor}")
         if not 0.0 <= self.logits_grad_subnormal_share <= 1.0:
             raise ValueError(f"model {self.name!r}: logits_grad_subnormal_share must be a share from 0 to 1, got "
                              f"{self.logits_grad_subnormal_share}")
@@ -220,6 +235,9 @@ class ModelSpec:
         if self.embedding_size < 0:
             raise ValueError(f"model {self.name!r}: embedding_size must be 0 (the hidden width) or positive, got "
                              f"{self.embedding_size}")
+        if self.vocab_padding_multiple < 0:
+            raise ValueError(f"model {self.name!r}: vocab_padding_multiple must be 0 (no padding) or positive, got "
+                             f"{self.vocab_padding_multiple}")
         if self.attention_head_dim < 0:
             raise ValueError(f"model {self.name!r}: attention_head_dim must be 0 (hidden_size / num_heads) or "
                              f"positive, got {self.attention_head_dim}")
@@ -229,6 +247,13 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model {self.name!r}: num_heads {self.num_heads} is not a multiple of "
                              f"num_kv_heads {self.num_kv_heads}")
+
+    def padded_vocab(self, tp: int = 1) -> int:
+        """Rows of the vocabulary head as the framework runs them on tp ranks (vocab_padding_multiple)."""
+        if not self.vocab_padding_multiple:
+            return self.vocab_size
+        multiple = self.vocab_padding_multiple * tp
+        return -(-self.vocab_size // multiple) * multiple
 
     @property
     def head_dim(self) -> int:

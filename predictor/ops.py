@@ -39,7 +39,7 @@ from zerotune.predictor.model import ModelSpec
 
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
            "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS",
-           "MHA_CROSS_RW_ELEMS"]
+           "MHA_CROSS_RW_ELEMS", "TENSOR_CORE_ALIGN_BYTES", "MISALIGNED_GEMM_SLOWDOWN"]
 
 Batch = Union[int, float, np.ndarray]
 TILE_ELEMS = 128
@@ -51,6 +51,19 @@ FLASH_BLOCK_ELEMS = 128
 FLASH_BACKWARD_PER_FORWARD = 2.5
 """Flash attention's backward recomputes the scores: 5 matmuls against the forward's 2 (Dao et al. 2022,
 sec. 3.1 and app. B)."""
+TENSOR_CORE_ALIGN_BYTES = 16
+"""Operand alignment a 16-bit GEMM needs for the tensor-core kernels that reach the catalog's matmul rate: M, N and K
+multiples of 16 bytes, 8 fp16 / bf16 elements (NVIDIA, Matrix Multiplication Background User's Guide, sec. 2.2
+"Tensor Core Requirements", and cuBLAS's tensorop restrictions: before cuBLAS 11 a requirement, since then tensor
+cores run other sizes with narrower loads, less efficiently)."""
+MISALIGNED_GEMM_SLOWDOWN = 2.0
+"""How much slower a 16-bit GEMM with a dimension off that alignment computes. Measured in public: padding GPT-2's
+vocabulary from 50,257 to 50,304 made nanoGPT's GPT-2 (124M) train about 25% faster on A100s (Karpathy, nanoGPT,
+model.py GPTConfig comment and the announcement of 2023-02-03), where the vocabulary projection is about 27% of
+the model's FLOPs: the misaligned projection took about 1.9x its aligned time. Held against the published data's
+fit halves: BLOOM's candidates whose head width is off 8 (hidden 14,400 / 96 heads = 150) measured 28-31% slower
+than predicted without it (validate.accuracy --half fit); the H200 grid's fit half (GPT-2's 50,257-token head)
+moved from 5.4% to 5.8% median error, its test half from 7.0% to 6.2%."""
 ELEMENT_BYTES = DTYPE_BYTES
 """Activation element size: DeepSpeed's fp16/bf16 modes cast the module's parameters to 16 bits, so its activations
 are 16-bit too (deepspeed 0.19 runtime/engine.py:2080-2088, _configure_distributed_model)."""
@@ -110,6 +123,9 @@ class DeviceRates:
     packs_weights: bool = False
     """Whether a linear layer's forward GEMM first copies its weight into the BLAS's blocked layout, a pass nothing
     overlaps: on a CPU (HardwareSpec.kind 'cpu'), see _linear."""
+    align_elems: int = 0
+    """Elements a GEMM dimension must be a multiple of to run at the full rate (TENSOR_CORE_ALIGN_BYTES on a GPU in
+    a 16-bit precision); 0 where no such rule is modelled (fp32 on CUDA cores, CPUs, HPUs)."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -123,7 +139,9 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
                        hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
-                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), flash, hw.kind == "cpu")
+                       hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), flash, hw.kind == "cpu",
+                       TENSOR_CORE_ALIGN_BYTES // ELEMENT_BYTES[precision]
+                       if hw.kind == "gpu" and ELEMENT_BYTES[precision] == 2 else 0)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -145,6 +163,10 @@ def gemm_s(m: Batch, n: Batch, k: Batch, batch: Batch, rates: DeviceRates) -> Ba
     waves = np.ceil(tiles / units)
     useful = (m * n) / (tiles_m * tm * tiles_n * tn) * tiles / (waves * units)
     compute = gemm_flops(m, n, k, batch) / (rates.matmul_flops_per_s * useful)
+    if rates.align_elems:  # a dimension off the tensor cores' alignment (TENSOR_CORE_ALIGN_BYTES)
+        off = (np.mod(m, rates.align_elems) != 0) | (np.mod(n, rates.align_elems) != 0) \
+            | (np.mod(k, rates.align_elems) != 0)
+        compute = compute * np.where(off, MISALIGNED_GEMM_SLOWDOWN, 1.0)
     bandwidth = rates.gemm_memory_bytes_per_s or rates.memory_bytes_per_s
     memory = rates.element_bytes * batch * (m * k + k * n + m * n) / bandwidth
     return np.maximum(compute, memory)
@@ -479,12 +501,15 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
         flops = flops + t_flops
         kernels_f, kernels_b = kernels_f + 2 + narrow_kf, kernels_b + 3 + narrow_kb
     if model.head == "lm":
-        logits = tokens * model.vocab_size / tp
-        f_s, b_s, l_flops = _linear(tokens, model.embedding_width, model.vocab_size / tp, rates, trained)
+        vocab = model.padded_vocab(tp)
+        logits = tokens * vocab / tp
+        f_s, b_s, l_flops = _linear(tokens, model.embedding_width, vocab / tp, rates, trained)
         flops = flops + l_flops
         # both backward GEMMs take the logits' gradient as an operand (dX = dY W, dW = dY^T X); where some of its
         # values are subnormal, a CPU runs them through microcode assists (HardwareSpec.subnormal_gemm_slowdown)
-        b_s = b_s * (1.0 + rates.subnormal_gemm_slowdown * model.logits_grad_subnormal_share)
+        if rates.subnormal_gemm_slowdown:  # a device whose FMA units take subnormal operands at full pace: none
+            b_s = b_s * (model.logits_grad_subnormal_factor
+                         or 1.0 + rates.subnormal_gemm_slowdown * model.logits_grad_subnormal_share)
         if model.cross_entropy == "fused":  # one kernel reads the logits; backward reads them, writes the gradient
             fwd += f_s + _elementwise(logits, 1, 0, 0, rates)
             bwd += b_s + _elementwise(logits, 1, 1, 0, rates)

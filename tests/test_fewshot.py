@@ -64,12 +64,12 @@ def test_the_script_prints_the_split_and_the_figure(published: Path, capsys: pyt
 
 def test_a_transferred_calibrations_error_is_mostly_one_offset_per_model() -> None:
     # The published 16-V100 table (DeepSpeed autotuning's Hugging Face examples), calibrated on GPT-2 large's three
-    # per-stage bests: each other model's configurations err together (RMS of the models' mean log errors 0.095)
-    # more than they err apart (0.064 about the means), so tune counts the transfer as a shared error
+    # per-stage bests: each other model's configurations err together (RMS of the models' mean log errors 0.114)
+    # more than they err apart (0.066 about the means), so tune counts the transfer as a shared error
     # (zerotune.validate.calibration.MODEL_TRANSFER_REL, Uncertainty.shared_rel)
     from zerotune.validate.accuracy import DEFAULT_DATA_DIR
     result = fewshot(DEFAULT_DATA_DIR / "ds_autotuning_hf_v100.jsonl")
-    assert result.shared_rms == pytest.approx(0.095, abs=0.02) and result.within_rms == pytest.approx(0.064, abs=0.02)
+    assert result.shared_rms == pytest.approx(0.114, abs=0.02) and result.within_rms == pytest.approx(0.066, abs=0.02)
     assert result.shared_rms > result.within_rms
     from zerotune.validate.calibration import TRANSFER_SHARED_VARIANCE
     share = result.shared_rms ** 2 / (result.shared_rms ** 2 + result.within_rms ** 2)

@@ -13,8 +13,9 @@ from zerotune.predictor.catalog import data_dir, list_hardware, load_hardware, l
 from zerotune.predictor.dsconfig import ActivationCheckpointing
 from zerotune.predictor.flops import micro_batch_flops
 from zerotune.predictor.job import Efficiency
-from zerotune.predictor.ops import (MHA_CROSS_RW_ELEMS, MHA_RW_ELEMS, _linear, cold_weight_s, device_rates, gemm_s,
-                                    layer_times, outer_times)
+from zerotune.predictor.model import ModelSpec
+from zerotune.predictor.ops import (MHA_CROSS_RW_ELEMS, MHA_RW_ELEMS, MISALIGNED_GEMM_SLOWDOWN, _linear, cold_weight_s,
+                                    device_rates, gemm_s, layer_times, outer_times)
 from zerotune.predictor.step_time import compute_times
 from tests.conftest import make_job
 
@@ -130,14 +131,47 @@ def test_disentangled_attention_costs_deberta_its_relative_position_work() -> No
 
 def test_a_cpu_pads_a_dimension_to_its_register_tiles_a_gpu_to_its_thread_block_tiles() -> None:
     # data/hardware/cpu.yaml gemm_tile_elems 16 (AMX tiles of 16 rows, 16-lane AVX-512 vectors): 129 rows cost
-    # 9 tiles of 16, 144 rows' work for 128. On an A100, 128 x 128 thread-block tiles (cuBLAS/CUTLASS): 129 rows of a
-    # single-column-of-tiles GEMM pad to 256 and, with room for both tiles in one wave, cost what 128 rows cost.
+    # 9 tiles of 16, 144 rows' work for 128. On an A100, 128 x 128 thread-block tiles (cuBLAS/CUTLASS): 136 rows (a
+    # multiple of 8, so the tensor cores' alignment does not enter) pad to 256, and 108 columns of tiles twice over
+    # take two waves of the 108 SMs where 128 rows take one.
     cpu = device_rates(load_hardware("cpu"), "fp32", Efficiency())
     ratio = gemm_s(129, 384, 384, 1, cpu) / gemm_s(128, 384, 384, 1, cpu)
     assert ratio == pytest.approx(144 / 128, rel=0.01)  # ceil(129 / 16) x 16 rows of work for 128
     gpu = device_rates(load_hardware("a100-80gb"), "fp16", Efficiency())
     assert gpu.tile_elems == 128 and cpu.tile_elems == 16
-    assert gemm_s(129, 128 * 108, 4096, 1, gpu) == pytest.approx(2 * gemm_s(128, 128 * 108, 4096, 1, gpu), rel=0.01)
+    assert gemm_s(136, 128 * 108, 4096, 1, gpu) == pytest.approx(2 * gemm_s(128, 128 * 108, 4096, 1, gpu), rel=0.01)
+
+
+def test_a_16_bit_gemm_with_a_dimension_off_the_tensor_cores_alignment_runs_at_half_pace() -> None:
+    # ops.TENSOR_CORE_ALIGN_BYTES: M, N, K multiples of 8 fp16 / bf16 elements; ops.MISALIGNED_GEMM_SLOWDOWN from
+    # nanoGPT's GPT-2 head (50,257 -> 50,304 rows: ~25% faster training, the head ~1.9x slower misaligned).
+    # Compute-bound shapes whose tiles fill the same 10 waves of the A100's 108 SMs on both sides
+    gpu = device_rates(load_hardware("a100-80gb"), "bf16", Efficiency())
+    assert gpu.align_elems == 8
+    aligned = gemm_s(4096, 4096, 4096, 1, gpu)
+    for m, n, k in ((4096, 4096, 4095), (4096, 4095, 4096), (4097, 4096, 4096)):
+        ratio = gemm_s(m, n, k, 1, gpu) / aligned
+        assert ratio == pytest.approx(MISALIGNED_GEMM_SLOWDOWN * k / 4096, rel=0.01), (m, n, k)
+    assert gemm_s(4104, 4096, 4096, 1, gpu) / aligned == pytest.approx(1.0, rel=0.01)  # 4104 = 513 x 8
+    # fp32 runs on CUDA cores (no tensor-core rule); a CPU has none; an H100's fp16 has the same rule
+    for hw, precision in (("a100-80gb", "fp32"), ("cpu", "fp32"), ("cpu", "bf16")):
+        rates = device_rates(load_hardware(hw), precision, Efficiency())
+        assert rates.align_elems == 0
+        assert gemm_s(512, 512, 511, 1, rates) == pytest.approx(gemm_s(512, 512, 512, 1, rates) * 511 / 512, rel=0.02)
+    assert device_rates(load_hardware("h100-80gb"), "fp16", Efficiency()).align_elems == 8
+
+
+def test_megatron_pads_the_vocabulary_so_its_head_stays_aligned_a_hugging_face_model_does_not() -> None:
+    # megatron/tokenizer/tokenizer.py _vocab_size_with_padding: up to a multiple of 128 x the tensor-parallel degree
+    gpt = ModelSpec(name="g", num_layers=2, hidden_size=1024, num_heads=16, num_kv_heads=16, ffn_hidden_size=4096,
+                    vocab_size=50257, max_position_embeddings=1024)
+    megatron = gpt.replace(vocab_padding_multiple=128)
+    assert gpt.padded_vocab(2) == 50257
+    assert [megatron.padded_vocab(tp) for tp in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
+    gpu = device_rates(load_hardware("a100-80gb"), "fp16", Efficiency())
+    hf, mg = outer_times(gpt, 8, 1024, 1, gpu, False), outer_times(megatron, 8, 1024, 1, gpu, False)
+    assert mg.forward_flops == pytest.approx(hf.forward_flops * 50304 / 50257)  # the padded rows are computed
+    assert 1.6 < float(hf.forward_s) / float(mg.forward_s) < 2.0  # the unpadded head runs misaligned
 
 
 def test_one_more_token_moves_a_cpu_step_by_about_its_share() -> None:
@@ -272,6 +306,14 @@ def test_subnormal_logit_gradients_slow_the_heads_backward_gemms_on_the_cpu_only
     assert float(slowed.backward_s - plain.backward_s) == pytest.approx(195 * 0.0327 * gemm_b, rel=0.05)
     h100 = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())  # a GPU's FMA units take subnormals
     assert outer_times(sub, 10, 128, 1, h100, True).backward_s == outer_times(base, 10, 128, 1, h100, True).backward_s
+    # the profiling run timed this host's own slowdown at the share (ModelSpec.logits_grad_subnormal_factor): it
+    # replaces the catalog's linear term, x1 where the host has none (an AMD EPYC host: x1.00 at 3% and 17%)
+    measured = outer_times(replace(sub, logits_grad_subnormal_factor=1.0), 10, 128, 1, cpu, True)
+    assert measured.backward_s == pytest.approx(float(plain.backward_s))
+    doubled = outer_times(replace(sub, logits_grad_subnormal_factor=2.0), 10, 128, 1, cpu, True)
+    assert float(doubled.backward_s - plain.backward_s) == pytest.approx(gemm_b, rel=0.05)
+    assert outer_times(replace(sub, logits_grad_subnormal_factor=2.0), 10, 128, 1, h100, True).backward_s == \
+        outer_times(base, 10, 128, 1, h100, True).backward_s
 
 
 def test_memory_bound_kernels_that_fit_the_caches_move_their_bytes_at_the_measured_cache_pace() -> None:

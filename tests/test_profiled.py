@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -973,6 +974,19 @@ def test_a_device_too_slow_for_the_2048_matmul_is_timed_at_512(monkeypatch, budg
     assert (rate["m"], rate["dtype"]) == (edge, "fp32") and rate["flops_per_s"] > 0
 
 
+def test_the_subnormal_check_times_the_hosts_gemms_at_three_shares_and_reads_back_a_factor() -> None:
+    # calibrate/profiling_site _subnormal_rate on this machine, then the factor validate/profiled reads from it: at
+    # least 1 whatever the host (an Intel host's assists make it several, an AMD EPYC host's about 1)
+    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
+    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(site)  # type: ignore[union-attr]
+    check = site._subnormal_rate()
+    assert check["shares"] == [0.0, 0.03, 0.3, 0.0] and len(check["seconds"]) == 4
+    assert all(t > 0 for t in check["seconds"])
+    from zerotune.validate.profiled import _subnormal_factor
+    assert _subnormal_factor(check, 0.1) >= 1.0
+
+
 def test_the_logits_gradients_subnormal_share_is_the_median_of_the_backward_passes(tmp_path: Path) -> None:
     """The CPU profiling run samples each backward's logits gradient (calibrate/profiling_site); the model carries
     the median, which the logits' backward GEMMs are costed with (ModelSpec.logits_grad_subnormal_share). Shares
@@ -988,6 +1002,32 @@ def test_the_logits_gradients_subnormal_share_is_the_median_of_the_backward_pass
     assert load_model(str(path)).logits_grad_subnormal_share == pytest.approx(0.024559, abs=1e-6)
     _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs)  # a GPU's run records none: nothing changes
     assert read_profiled(prefix, "enc", 2).model.logits_grad_subnormal_share == 0.0
+
+
+@pytest.mark.parametrize("seconds,factor", [
+    ([1.30e-3, 1.29e-3, 1.30e-3, 1.31e-3], 1.0),  # this project's AMD EPYC host, 2026-11-29: no assists
+    ([1.0e-3, 7.5e-3, 10.0e-3, 1.2e-3], 1 + 6.5 * 0.024559 / 0.03),  # an Intel-like host: x7.5 at 3%, between 0 and 3%
+])
+def test_the_hosts_own_subnormal_slowdown_replaces_the_catalogs(tmp_path: Path, seconds: list[float],
+                                                                 factor: float) -> None:
+    """The profiling run times GEMMs with 0, 3% and 30% subnormal operands on its host (calibrate/profiling_site
+    _subnormal_rate); the logits' backward GEMMs are costed with that host's slowdown at the share the run read
+    (ModelSpec.logits_grad_subnormal_factor), not the catalog's Intel-measured x(1 + 195 x share): on a host without
+    microcode assists a script whose logits' gradient was 17% subnormal had been predicted 2.8x too slow."""
+    prefix = tmp_path / "profiled"
+    inputs = [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}]
+    shares = [0.027195, 0.027195, 0.02664, 0.022477, 0.028305, 0.017482, 0.01517, 0.01443]
+    check = {"shares": [0.0, 0.03, 0.3, 0.0], "seconds": seconds, "shape": [256, 1024, 256]}
+    _write_profile(prefix, _script("encoder_mlm").MaskedLM(), inputs, logits_grad_subnormal_shares=shares,
+                   subnormal=check)
+    run = read_profiled(prefix, "enc", 2)
+    assert run.model.logits_grad_subnormal_factor == pytest.approx(factor, rel=1e-3)
+    assert any(f"x{factor:.3g} its normal time on this host" in line for line in run.read)
+    assert load_model(str(_yaml(tmp_path, run))).logits_grad_subnormal_factor == pytest.approx(factor, rel=1e-3)
+    # beyond the largest share timed the slowdown stays there (the assists saturate)
+    from zerotune.validate.profiled import _subnormal_factor
+    assert _subnormal_factor(check, 0.9) == pytest.approx(max(1.0, seconds[2] / min(seconds[0], seconds[3])))
+    assert _subnormal_factor({"error": "RuntimeError: x"}, 0.02) is None
 
 
 def test_a_profiling_run_out_of_memory_tries_again_at_the_highest_stage_and_the_search_starts_from_the_oom(
@@ -1043,6 +1083,57 @@ def test_a_profiling_run_out_of_memory_tries_again_at_the_highest_stage_and_the_
     p_fit = fit_probabilities(cands, obs, uncertainty)
     stage = np.array([cands.families[k][0] for k in cands.family])
     assert (p_fit[stage == 0] == 0).all() and (p_fit[stage == 3] > 0).any()
+
+
+@pytest.mark.parametrize("stage3_trains", [True, False])
+def test_a_profiling_run_that_crashes_below_stage_3_tries_stage_3_and_leaves_the_lower_stages_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage3_trains: bool) -> None:
+    """A script that builds its model under deepspeed.zero.Init (no `enabled=` guard) trains only at stage 3: below it
+    the engine runs the partitioned, empty weights and the forward fails ("'weight' must be 2-D", DeepSpeed 0.19.8).
+    With `stage: all` the profiling run at stage 0 had stopped the tune, saying every experiment would fail the
+    same way. It now profiles at stage 3 as DeepSpeed's autotuner does, and tunes only the stages it trained at;
+    a script that fails at stage 3 too still stops in one line naming both tries."""
+    from zerotune.calibrate.launch import RunResult
+    from zerotune.validate.experiments import UserCommand
+    from zerotune.validate.profiling_run import profile_model, trainable_space
+    from zerotune.validate.settings import TuneSettings
+    from zerotune.predictor.space import space_from_ds_config
+
+    monkeypatch.chdir(tmp_path)
+    stages: list[int] = []
+    crash = "failed: RuntimeError: 'weight' must be 2-D"
+
+    def launcher(spec):  # type: ignore[no-untyped-def]
+        stage = spec.ds_config["zero_optimization"]["stage"]
+        stages.append(stage)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        if stage < 3 or not stage3_trains:
+            (spec.run_dir / "stderr.log").write_text("RuntimeError: 'weight' must be 2-D")
+            return RunResult("failed", crash, 1, 5.0, spec.run_dir, None)
+        _write_profile(spec.run_dir / "profiled", _script("encoder_mlm").MaskedLM(),
+                       [{"name": "input_ids", "shape": [1, 128], "dtype": "int64"}], step_s=[2.0, 1.0, 1.2, 1.1, 1.0])
+        return RunResult("ok", "", 0, 20.0, spec.run_dir, None)
+
+    doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": "all"},
+           "autotuning": {"results_dir": "results", "exps_dir": "exps"}}
+    settings = TuneSettings(UserCommand(SCRIPTS / "encoder_mlm.py", ("--deepspeed",), "--deepspeed_config",
+                                        tmp_path / "ds.json"), doc, "", "cpu", 2)
+    lines: list[str] = []
+    if not stage3_trains:
+        with pytest.raises(ValueError) as err:
+            profile_model(settings, launcher, log=lines.append)
+        assert stages == [0, 3] and "at ZeRO stage 0 before it: the same way" in str(err.value)
+        assert "\n" not in str(err.value)
+        return
+    outcome = profile_model(settings, launcher, log=lines.append)
+    assert stages == [0, 3] and outcome.min_stage == 3
+    assert outcome.out_of_memory is None  # a crash is not an OOM the memory model should learn from
+    assert (tmp_path / "results" / "profile_failed_z0" / "stderr.log").is_file()
+    assert any("failed (failed: RuntimeError: 'weight' must be 2-D) at ZeRO stage 0" in line for line in lines)
+    assert any("stages below 3 are left out" in line for line in lines)
+    space = trainable_space(replace(settings, script_min_stage=outcome.min_stage),
+                            space_from_ds_config(doc, world_size=2, explore=()))
+    assert {v.zero.stage for v in space.variants} == {3}
 
 
 def test_a_profiling_run_out_of_memory_at_the_highest_stage_already_says_so_in_one_line(
@@ -1137,9 +1228,11 @@ def test_blocks_that_share_weights_are_costed_per_pass_and_held_once(tmp_path: P
     counts = _site_counts(model, model.blocks, lambda: model(ids).backward(), monkeypatch)
     passes = _LoopedEncoder.PASSES
     assert counts["forward_calls"] == 2 and counts["block_forward_calls"] == 2 * passes
-    # recomputed in backward: every pass but the first step's first, whose tensors the site's count of saved bytes
-    # holds itself (validate/profiled.py read_profiled)
-    assert counts["block_calls"] - counts["block_forward_calls"] == (2 * passes - 1 if checkpointed else 0)
+    # recomputed in backward: every pass. Non-reentrant checkpointing packs the saved tensors with hooks of its own,
+    # under which the site counts nothing (sitecustomize._outer_saved_tensor_hooks); its own hooks had taken the
+    # place of the checkpoint's in the first pass, which then kept its activations on this rank alone (under ZeRO-3
+    # the ranks' gathers in backward went out of step: a gloo size mismatch)
+    assert counts["block_calls"] - counts["block_forward_calls"] == (2 * passes if checkpointed else 0)
     prefix = tmp_path / "profiled"
     _write_profile(prefix, model, [{"name": "ids", "shape": [2, 32], "dtype": "int64"}], **counts)
     run = read_profiled(prefix, "looped", 2)

@@ -161,8 +161,9 @@ def _gpt_h1024_job(num_nodes: int = 1):
     from zerotune.predictor.catalog import load_hardware
     from zerotune.predictor.hardware import ClusterSpec
     from zerotune.predictor.job import Job
+    # vTrain's Megatron-DeepSpeed GPT: Megatron pads the 50,257-token vocabulary (ModelSpec.vocab_padding_multiple)
     model = ModelSpec(name="GPT-h1024-L12", num_layers=12, hidden_size=1024, num_heads=16, num_kv_heads=16,
-                      ffn_hidden_size=4096, vocab_size=50257, max_position_embeddings=1024)
+                      ffn_hidden_size=4096, vocab_size=50257, max_position_embeddings=1024, vocab_padding_multiple=128)
     return Job(model, ClusterSpec(load_hardware("a100-80gb"), num_nodes, 8), 1024)
 
 

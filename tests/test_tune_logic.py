@@ -489,7 +489,9 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
 
     def unreadable_then_failed(spec: LaunchSpec) -> RunResult:
         # a CNN (no repeated block to read) whose ds_config gives no optimizer and whose script passes none: the
-        # engine starts, the site writes what it could not read, and backward stops the run (seen 2026-11-27)
+        # engine starts, the site writes what it could not read, and backward stops the run (seen 2026-11-27); at
+        # stage 0 and again at stage 3, where the profiling run tries once more (the real launcher makes the folder)
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
         Path(f"{spec.env['ZEROTUNE_PROFILE_OUT']}.model.json").write_text(json.dumps({"structure": None,
                                                                                       "error": "no repeated block"}))
         return RunResult("failed", "AssertionError: must provide optimizer during init in order to use backward", 1,

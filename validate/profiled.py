@@ -504,11 +504,38 @@ def _subnormal_logits(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]
     if spec.head != "lm" or not shares:
         return spec
     share = float(statistics.median(shares))
-    if share > 0:
+    factor = _subnormal_factor(rank0.get("subnormal"), share)
+    if share > 0 and factor is None:
         read.append(f"the logits' gradient held {share:.2%} subnormal values (median of {len(shares)} backward "
                     f"passes): on the CPU its backward GEMMs run through microcode assists and are costed slower; "
                     f"torch.set_flush_denormal(True) in the script would spare it")
-    return spec.replace(logits_grad_subnormal_share=round(share, 6))
+    elif share > 0:
+        read.append(f"the logits' gradient held {share:.2%} subnormal values (median of {len(shares)} backward "
+                    f"passes); a GEMM with that share of subnormal operands took x{factor:.3g} its normal time on "
+                    f"this host, so its backward GEMMs are costed x{factor:.3g}"
+                    + ("; torch.set_flush_denormal(True) in the script would spare it" if factor > 1.05 else ""))
+    spec = spec.replace(logits_grad_subnormal_share=round(share, 6))
+    return spec.replace(logits_grad_subnormal_factor=round(factor, 4)) if factor is not None and share > 0 else spec
+
+
+def _subnormal_factor(doc: Any, share: float) -> float | None:
+    """The slowdown of a GEMM whose operand holds `share` of subnormal values on the profiling run's host: its
+    subnormal check's times over the faster normal one (calibrate/profiling_site _subnormal_rate), interpolated
+    linearly in the share, flat beyond the largest share timed (an assist per vector instruction with any subnormal
+    lane: the cost saturates as the share grows); at least 1. None when the check did not run or failed."""
+    if not isinstance(doc, dict):
+        return None
+    shares, seconds = doc.get("shares"), doc.get("seconds")
+    if not (isinstance(shares, list) and isinstance(seconds, list) and len(shares) == len(seconds)) or not all(
+            isinstance(v, (int, float)) and v >= 0 for v in shares + seconds):
+        return None
+    normal = [t for s, t in zip(shares, seconds) if s == 0 and t > 0]
+    points = sorted((float(s), float(t)) for s, t in zip(shares, seconds) if s > 0)
+    if not normal or not points:
+        return None
+    xs = [0.0] + [s for s, _ in points]
+    ys = [1.0] + [max(1.0, t / min(normal)) for _, t in points]
+    return float(max(1.0, np.interp(share, xs, ys)))
 
 
 def _training_peaks(ranks: Sequence[Mapping[str, Any]]) -> list[float]:

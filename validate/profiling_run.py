@@ -26,7 +26,7 @@ from zerotune.validate.results import write_text_atomic
 from zerotune.validate.runs import launch_spec, window_step_s
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of
 
-__all__ = ["ProfileOutcome", "profile_model", "least_memory_variant", "as_the_script_runs", "with_script_optimizer",
+__all__ = ["ProfileOutcome", "profile_model", "trainable_space", "least_memory_variant", "as_the_script_runs", "with_script_optimizer",
            "moe_space"]
 
 
@@ -92,6 +92,9 @@ class ProfileOutcome:
     """Each forward's padded positions where they varied (TuneSettings.input_lengths)."""
     input_micro_batch: int = 1
     """Samples per forward of the run that saw them (TuneSettings.input_micro_batch)."""
+    min_stage: int = 0
+    """The lowest ZeRO stage the script trains at: the stage the profiling run trained at after failing (other than
+    out of memory) at a lower one, else 0 (TuneSettings.script_min_stage)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -205,26 +208,36 @@ def _launch_profiling(settings: TuneSettings, launcher: Launcher, cfg: DSConfig,
 
 def _profile_with_fallback(settings: TuneSettings, launcher: Launcher, space: SearchSpace, cfg: DSConfig,
                            run_dir: Path, log: Callable[[str], None]
-                           ) -> tuple[RunResult, DSConfig, DSConfig | None, Path]:
-    """The profiling run, and once more at the highest stage when it ran out of memory (least_memory_variant):
-    (the run, its configuration, the configuration that ran out of memory or None, that try's folder)."""
+                           ) -> tuple[RunResult, DSConfig, DSConfig | None, Path, RunResult | None]:
+    """The profiling run, and once more at the highest stage when it ran out of memory or failed otherwise
+    (least_memory_variant): (the run, its configuration, the configuration of the first try when there was a
+    second or None, that try's folder, the first try when it failed other than out of memory or None). DeepSpeed's
+    autotuner profiles at stage 3 (autotuning/constants.py DEFAULT_MIN_MEM_CONFIG); a script that trains only
+    there (its model built under deepspeed.zero.Init without `enabled=`: below stage 3 the engine runs the
+    partitioned, empty weights, "'weight' must be 2-D") had stopped the tune at a stage-0 profiling run."""
     run = _launch_profiling(settings, launcher, cfg, run_dir)
-    fallback = least_memory_variant(space, cfg) if run.status == "oom" else None
+    if run.status == "failed":  # a pipeline-parallel script fails at every stage: say so before trying another
+        _refuse_pipeline(settings, (run_dir / "profiled").resolve(), run_dir)
+    fallback = least_memory_variant(space, cfg) if run.status in ("oom", "failed") else None
     if fallback is None:
-        return run, cfg, None, run_dir
-    first_dir = run_dir.with_name(f"profile_oom_z{cfg.zero.stage}")
+        return run, cfg, None, run_dir, None
+    kind = "oom" if run.status == "oom" else "failed"
+    first_dir = run_dir.with_name(f"profile_{kind}_z{cfg.zero.stage}")
     if first_dir.exists():
         shutil.rmtree(first_dir)
     if run_dir.exists():
         run_dir.rename(first_dir)
-    log(f"zerotune tune: the profiling run ran out of memory at ZeRO stage {cfg.zero.stage}, micro-batch "
+    what = ("ran out of memory" if kind == "oom"
+            else f"failed ({run.reason.splitlines()[0][:200] if run.reason else 'no reason given'})")
+    log(f"zerotune tune: the profiling run {what} at ZeRO stage {cfg.zero.stage}, micro-batch "
         f"{cfg.train_micro_batch_size_per_gpu} (see {first_dir}); profiling again at stage "
         f"{fallback.zero.stage}, as DeepSpeed's autotuner profiles every model")
-    return _launch_profiling(settings, launcher, fallback, run_dir), fallback, cfg, first_dir
+    second = _launch_profiling(settings, launcher, fallback, run_dir)
+    return second, fallback, cfg, first_dir, run if kind == "failed" else None
 
 
 def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix: Path, run_dir: Path,
-                out_of_memory: DSConfig | None) -> ValueError:
+                out_of_memory: DSConfig | None, crashed: RunResult | None = None) -> ValueError:
     """The one-line error for a profiling run whose files hold no model (failed, or not readable)."""
     why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
     if run.status == "ok":
@@ -234,8 +247,10 @@ def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix:
     world = settings.num_nodes * settings.num_gpus
     _refuse_unaccepted_mapping(run.reason, autotuning_of(settings.doc, world).arg_mappings, settings, run_dir)
     started = Path(f"{prefix}.model.json").is_file()
-    tried = (f" (and at ZeRO stage {out_of_memory.zero.stage} before it, out of memory too)"
-             if out_of_memory is not None else "")
+    tried = "" if out_of_memory is None else (
+        f" (and at ZeRO stage {out_of_memory.zero.stage} before it, out of memory too)" if crashed is None
+        else f" (and at ZeRO stage {out_of_memory.zero.stage} before it: "
+             f"{'the same way' if crashed.reason == run.reason else (crashed.reason or crashed.status)[:200]})")
     return ValueError(f"the profiling run of {settings.command.script} failed "
                       f"{'after its DeepSpeed engine started' if started else 'before zerotune read its model'}"
                       f" ({why}; see {run_dir}){tried}: the experiments would fail the same way; make the script "
@@ -261,12 +276,17 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
                                     gradient_accumulation_steps=min(space.grad_accums, default=1))
     run_dir = Path(at.results_dir) / "profile"
     prefix = (run_dir / "profiled").resolve()
-    run, cfg, out_of_memory, first_dir = _profile_with_fallback(settings, launcher, space, cfg, run_dir, log)
+    run, cfg, first_try, first_dir, crashed = _profile_with_fallback(settings, launcher, space, cfg, run_dir, log)
     _refuse_pipeline(settings, prefix, run_dir)
     try:
         profiled = read_profiled(prefix, f"profiled-{settings.command.script.stem}", world)
     except ValueError as exc:
-        raise _unreadable(settings, run, exc, prefix, run_dir, out_of_memory) from None
+        raise _unreadable(settings, run, exc, prefix, run_dir, first_try, crashed) from None
+    out_of_memory = first_try if crashed is None else None
+    if crashed is not None and first_try is not None:
+        log(f"zerotune tune: the script trained at ZeRO stage {cfg.zero.stage} after failing at stage "
+            f"{first_try.zero.stage}: stages below {cfg.zero.stage} are left out (list only them in "
+            f"zero_optimization.stage to tune them anyway)")
     _check_followed(settings, profiled, cfg, run_dir)
     seq_len, precision = settings.seq_len or profiled.seq_len, precision_of_dtype(profiled.dtype)
     as_run = replace(settings, script_checkpointing=profiled.activation_checkpointing, script_precision=precision)
@@ -290,7 +310,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
     return ProfileOutcome(str(path), seq_len, measurement, profiled.optimizer_impl, profiled.matmul,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
                           step_phase, update, reduced, profiled.copy_curve, oom, forward, profiled.input_lengths,
-                          cfg.train_micro_batch_size_per_gpu)
+                          cfg.train_micro_batch_size_per_gpu,
+                          cfg.zero.stage if crashed is not None and first_try is not None else 0)
 
 
 def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None, float | None]:
@@ -300,6 +321,15 @@ def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | No
     stdout = tail_text(run.run_dir / "stdout.log")
     printed = (*step_phase_times_s(stdout), allreduce_times_s(stdout), forward_times_s(stdout))
     return tuple(statistics.median(v[-max(window, 1):]) if v else None for v in printed)  # type: ignore[return-value]
+
+
+def trainable_space(settings: TuneSettings, space: SearchSpace) -> SearchSpace:
+    """The space without the stages below the one the script trained at when its profiling run failed at a lower
+    one (ProfileOutcome.min_stage): each such experiment could only fail the same way."""
+    if not settings.script_min_stage:
+        return space
+    kept = tuple(v for v in space.variants if v.zero.stage >= settings.script_min_stage)
+    return replace(space, variants=kept) if kept else space
 
 
 def moe_space(settings: TuneSettings, space: SearchSpace, log: Callable[[str], None]) -> SearchSpace:

@@ -42,6 +42,8 @@ MEMORY_PARTS = {"model_state_memory_bytes": ("parameters", "gradients", "optimiz
 bar; activations of the transformer blocks, without the logits)."""
 ROW_KEYS = frozenset({"source", "value_quality", "model", "hardware", "num_gpus_total", "num_gpus_per_node",
                       "parallel", "batch", "precision", "recompute", "framework", "metrics", "notes"})
+MEGATRON_VOCAB_DIVISIBLE_BY = 128
+"""Megatron-LM's --make-vocab-size-divisible-by default (megatron/arguments.py), times the tensor-parallel degree."""
 MODEL_DIMS = ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size")
 
 
@@ -102,6 +104,10 @@ def model_spec(fields: dict[str, Any], seq_len: int, source: str, framework: str
     spec = ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
                      ffn_hidden_size=ffn, vocab_size=vocab, max_position_embeddings=seq_len,
                      position_embedding=positions, source=source)
+    if framework.startswith("Megatron"):
+        # Megatron pads the vocabulary to 128 x the tensor-parallel degree (--make-vocab-size-divisible-by 128,
+        # megatron/tokenizer/tokenizer.py _vocab_size_with_padding); the rows keep the size the source gives
+        spec = spec.replace(vocab_padding_multiple=MEGATRON_VOCAB_DIVISIBLE_BY)
     if "llm-foundry" in framework:
         # llm-foundry's MPT trains without dropout (llmfoundry/models/mpt/configuration_mpt.py: resid_pdrop and
         # emb_pdrop 0.0; utils/config_defaults.py attn_pdrop 0.0; the benchmark yamls set none) and takes its

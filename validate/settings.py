@@ -76,6 +76,8 @@ class TuneSettings:
     script_moe: bool = False
     """Whether the profiling run saw DeepSpeed's own MoE layers (ProfiledRun.native_moe): ZeRO-3 is then left out of
     the space (zerotune.validate.profiling_run.moe_space)."""
+    script_min_stage: int = 0
+    """The lowest ZeRO stage the script trained at (ProfileOutcome.min_stage): lower stages are not tried."""
     device_matmul: MatmulPace | None = None
     """The square matmul the profiling run timed on this device (ProfiledRun.matmul): the device's pace today,
     against the calibration profile's microbenchmark of the same shape (zerotune.validate.calibration.paced)."""

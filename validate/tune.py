@@ -55,7 +55,7 @@ from zerotune.validate.experiments import (TRAINER_FLAGS, batch_as_given, check_
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.profiled import expected_longest
-from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model,
+from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model, trainable_space,
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
                                        write_json_atomic, write_text_atomic)
@@ -288,7 +288,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
                       "section (only deepspeed.checkpointing.configure reads it) and the profiling run saw the script "
                       "recompute nothing; configurations are costed without checkpointing")
     variants = {repr(v): v for v in (as_the_script_runs(v, settings) for v in space.variants)}
-    space = moe_space(settings, replace(space, variants=tuple(variants.values())), log)
+    space = trainable_space(settings, moe_space(settings, replace(space, variants=tuple(variants.values())), log))
     model = update_paced(paced(calibration_for(settings, log), settings, log), job, initial, settings, log)
     model = host_paced(allreduce_paced(model, job, initial, settings, log), job, initial, settings, log)
     if initial:
@@ -424,7 +424,8 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
                                script_precision=profiled.precision, script_moe=profiled.native_moe,
                                profiled_step_phase_s=profiled.step_phase_s, profiled_update_s=profiled.update_s,
                                profiled_allreduce_s=profiled.allreduce_s, profiled_forward_s=profiled.forward_s,
-                               input_lengths=profiled.input_lengths, input_micro_batch=profiled.input_micro_batch)
+                               input_lengths=profiled.input_lengths, input_micro_batch=profiled.input_micro_batch,
+                               script_min_stage=profiled.min_stage)
             initial = tuple(m for m in (profiled.out_of_memory, profiled.measurement) if m is not None)
         outcome = tune(settings, launcher, initial=initial)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (calibrate.launch.terminate_as_interrupt)

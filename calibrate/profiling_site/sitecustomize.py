@@ -242,6 +242,19 @@ def _watch_embedding_projection(module: Any, state: dict[str, Any]) -> None:
     handle = module.register_forward_hook(restore)
 
 
+def _outer_saved_tensor_hooks(torch: Any) -> bool:
+    """Whether saved-tensor hooks are active already (torch.autograd.graph.saved_tensors_hooks: non-reentrant
+    checkpointing's own, torch/utils/checkpoint.py _checkpoint_hook; activation offloading). A torch without the
+    query (before 2.1) is taken to have them, so nothing is entered beneath someone else's."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return True
+    try:
+        return top(False) is not None
+    except TypeError:  # an older signature without the ignore-is-tensor flag
+        return top() is not None
+
+
 def _count_saved(module: Any, block: Any, state: dict[str, Any], scope: str) -> None:
     """Bytes `block` (the first block, or the whole module: scope 'block' or 'model') keeps for backward in its
     first forward with gradients: every tensor autograd saves (torch.autograd.graph.saved_tensors_hooks), each
@@ -265,6 +278,13 @@ def _count_saved(module: Any, block: Any, state: dict[str, Any], scope: str) -> 
 
     def enter(*_: Any) -> None:
         if not active and state[f"{scope}_saved_calls"] == 0 and torch.is_grad_enabled():
+            if _outer_saved_tensor_hooks(torch):
+                # non-reentrant torch.utils.checkpoint (or an activation offload) already packs what this forward
+                # saves; hooks entered inside it would take its place, so the block would keep its activations
+                # instead of being recomputed on this rank only, and under ZeRO-3 the ranks' gathers in backward
+                # would go out of step. Nothing is counted: the activations stay the formula's.
+                state[f"{scope}_saved_calls"] = 1
+                return
             hooks.__enter__()
             active.append(True)
 
@@ -435,6 +455,42 @@ def _copy_rate() -> dict[str, Any]:
     return doc
 
 
+SUBNORMAL_CHECK_SHARES = (0.0, 0.03, 0.3, 0.0)
+"""Shares of subnormal values in the left operand of the subnormal check's GEMMs: none, about what a freshly
+initialised model's logits' gradient holds after a few steps (1.5-3.3% measured, data/hardware/cpu.yaml), ten
+times that (a model with a wide N(0, 1) tied embedding read 17%), and none again (the faster of the two normal
+timings is the reference: a shared machine's pace drifts)."""
+SUBNORMAL_CHECK_SHAPE = (256, 1024, 256)
+"""(m, k, n) of the subnormal check's fp32 GEMMs: 0.13 GFLOP, about a millisecond at a CPU core's normal pace."""
+SUBNORMAL_CHECK_REPEATS = 5
+"""Products timed per share; the fastest counts (a CPU VM's neighbours only ever slow a product down)."""
+
+
+def _subnormal_rate() -> dict[str, Any]:
+    """On the CPU, whether this host slows a GEMM down for subnormal operands: seconds per product of a
+    SUBNORMAL_CHECK_SHAPE fp32 GEMM whose left operand holds each of SUBNORMAL_CHECK_SHARES of subnormal values
+    (1e-40, below fp32's smallest normal). An x86 core without flush-to-zero runs a vector instruction with a
+    subnormal operand through a microcode assist, how slowly depends on the core: an Intel Xeon host of this
+    project's VM ran 7x slower at 3% (data/hardware/cpu.yaml subnormal_gemm_source), an AMD EPYC one not at all
+    (2026-11-29: x1.00 at 3% and 17%). Rank 0 only, a fraction of a second."""
+    import torch
+    m, k, n = SUBNORMAL_CHECK_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    b = torch.randn(k, n, generator=gen)
+    seconds = []
+    for share in SUBNORMAL_CHECK_SHARES:
+        a = torch.randn(m, k, generator=gen)
+        a[torch.rand(m, k, generator=gen) < share] = 1e-40
+        a @ b  # the first product pays for the kernel's setup
+        runs = []
+        for _ in range(SUBNORMAL_CHECK_REPEATS):
+            start = time.perf_counter()
+            a @ b
+            runs.append(time.perf_counter() - start)
+        seconds.append(min(runs))
+    return {"shares": list(SUBNORMAL_CHECK_SHARES), "seconds": seconds, "shape": list(SUBNORMAL_CHECK_SHAPE)}
+
+
 def _watch_logits_gradients(state: dict[str, Any]) -> None:
     """On the CPU: the share of subnormal values (nonzero, below the dtype's smallest normal) in the gradient of every
     cross-entropy's input, the logits, sampled every SUBNORMAL_STRIDE-th value. A CPU multiplies subnormal operands
@@ -475,6 +531,7 @@ def _attach(engine: Any) -> None:
                              "step_start": 0.0, "peak_memory_bytes": None,
                              "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1)),
                              "optimizer": _optimizer(engine)}
+    from deepspeed.accelerator import get_accelerator
     inspect = _inspect_module()
     blocks = inspect.find_blocks(engine.module)
     doc: dict[str, Any] = {}
@@ -491,9 +548,13 @@ def _attach(engine: Any) -> None:
             state["copy"] = _copy_rate()
         except Exception as exc:  # noqa: BLE001 - as above
             state["copy"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if get_accelerator().device_name() == "cpu":
+            try:
+                state["subnormal"] = _subnormal_rate()
+            except Exception as exc:  # noqa: BLE001 - as above
+                state["subnormal"] = {"error": f"{type(exc).__name__}: {exc}"}
         state["checks_peak_memory_bytes"] = _after_checks()
         _write(f"{_OUT}.model.json", doc)
-    from deepspeed.accelerator import get_accelerator
     state["peak_memory_kind"] = ("peak RSS of the rank's process (getrusage)" if get_accelerator().device_name() == "cpu"
                                  else "max_memory_allocated")
     if rank == 0 and not inspect.readable(doc):  # what the model costs stands in for what could not be read
