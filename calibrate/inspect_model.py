@@ -144,8 +144,9 @@ def _bare_positions(model: nn.Module, blocks: nn.Module, h: int) -> tuple[str, i
         if isinstance(module, (nn.Embedding, nn.Linear, nn.MultiheadAttention)):
             continue
         for name, param in module.named_parameters(recurse=False):
-            rows = param.numel() // h if param.dim() >= 2 and param.shape[-1] == h else 0
-            if rows >= 2 and param.shape[-2] == rows and id(param) not in inside and "pos" in name.lower():
+            shape = _shape(param)  # ZeRO-3 (deepspeed.zero.Init) leaves the tensor empty, its full shape in ds_shape
+            rows = _numel(param) // h if len(shape) >= 2 and shape[-1] == h else 0
+            if rows >= 2 and shape[-2] == rows and id(param) not in inside and "pos" in name.lower():
                 found.append((f"{module_name}.{name}".lstrip("."), rows))  # (S, h) or (1, S, h): a row a position
     return max(found, key=lambda f: f[1]) if found else None
 
@@ -156,8 +157,9 @@ def _block_width(block: nn.Module) -> int:
     for mod in block.modules():
         if isinstance(mod, nn.MultiheadAttention):
             return int(mod.embed_dim)
-    widths = [int(m.weight.shape[-1]) for m in block.modules()
-              if _is_norm(m) and m is not block and getattr(m, "weight", None) is not None and m.weight.dim() == 1]
+    widths = [_shape(m.weight)[-1] for m in block.modules()  # the full shapes under ZeRO-3 (_shape)
+              if _is_norm(m) and m is not block and getattr(m, "weight", None) is not None
+              and len(_shape(m.weight)) == 1]
     if not widths:
         raise LookupError("no token embedding and no norm or nn.MultiheadAttention in the block to read its width")
     return max(set(widths), key=widths.count)
@@ -357,9 +359,9 @@ def _check_block_is_read(block: nn.Module) -> None:
     total, unread, kinds = 0, 0, set()
     for module in block.modules():
         for param in module.parameters(recurse=False):
-            total += param.numel()
-            if param.dim() > 1 and not isinstance(module, (nn.Linear, nn.MultiheadAttention, nn.Embedding)):
-                unread += param.numel()
+            total += _numel(param)
+            if len(_shape(param)) > 1 and not isinstance(module, (nn.Linear, nn.MultiheadAttention, nn.Embedding)):
+                unread += _numel(param)
                 kinds.add(type(module).__name__)
     if total and unread > (1 - READ_BLOCK_SHARE) * total:
         raise LookupError(f"the repeated block holds {unread / total:.0%} of its parameters in "

@@ -1403,3 +1403,25 @@ def test_integer_targets_after_frames_are_not_read_as_tokens() -> None:
     labels = {"name": "", "shape": [1, 40], "dtype": "int64"}
     assert _token_input([frames, labels]) is None
     assert _token_input([labels, frames]) == (1, 40)  # ids first: a token model given extra features
+
+
+def _as_zero3_partitions(model: torch.nn.Module) -> torch.nn.Module:
+    """The model as deepspeed.zero.Init leaves it on a rank (runtime/zero/partition_parameters.py): every parameter's
+    tensor emptied, its full shape and size kept in ds_shape and ds_numel."""
+    for p in model.parameters():
+        if not hasattr(p, "ds_shape"):
+            p.ds_shape, p.ds_numel = p.shape, p.numel()
+            p.data = torch.empty(0, dtype=p.dtype)
+    return model
+
+
+@pytest.mark.parametrize("script, cls", [("nanogpt_loop", "GPT"), ("decoder_lm", "Decoder"),
+                                         ("eval_checkpointed_gpt", "GPT"), ("encoder_mlm", "MaskedLM")])
+def test_a_model_built_under_zero_init_reads_as_its_full_shapes(script: str, cls: str) -> None:
+    """A script that builds its model under deepspeed.zero.Init (ZeRO-3) hands the engine empty tensors; the block's
+    norms had read 0 wide, so a GPT of 6 x 192 read as a 'factorized embedding' of width 0, no MLP found, and the
+    profiling run fell back to a stand-in (a helper's script, 2026-11-29). Every shape is read from ds_shape."""
+    full = describe(getattr(_script(script), cls)())
+    partitioned = describe(_as_zero3_partitions(getattr(_script(script), cls)()))
+    assert full["structure"] is not None
+    assert partitioned["structure"] == full["structure"] and partitioned["num_params"] == full["num_params"]
