@@ -81,13 +81,23 @@ def check_accelerator_here(kind: str, hardware: str, hostfile: Path | None) -> N
     """A one-line error before anything runs when --hardware names an accelerator this machine cannot be running
     (experiments ran, each failing at start-up, instead): DS_ACCELERATOR=cpu, or no vendor tool on one node."""
     accelerator = os.environ.get("DS_ACCELERATOR")
-    if kind == "cpu" or hostfile is not None:  # with a hostfile the ranks run on the listed hosts, not here
+    if hostfile is not None:  # with a hostfile the ranks run on the listed hosts, not here
         return
+    present = any(shutil.which(tool) for tool in ACCELERATOR_TOOLS) or any(Path(n).exists() for n in ACCELERATOR_NODES)
+    if kind == "cpu":
+        if accelerator not in (None, "", "cpu"):  # DeepSpeed would train (or fail to start) on that accelerator
+            raise ValueError(f"--hardware {hardware} is the CPU, but DS_ACCELERATOR={accelerator} makes DeepSpeed "
+                             f"train on {accelerator}{'' if present else ', which this machine has not'}; set "
+                             f"DS_ACCELERATOR=cpu, or give the --hardware of that device")
+        return
+    if accelerator not in (None, "", "cpu") and not present:
+        raise ValueError(f"DS_ACCELERATOR={accelerator}, but this machine has no accelerator "
+                         f"({', '.join(ACCELERATOR_TOOLS)} not found); run zerotune where the devices are, or set "
+                         f"DS_ACCELERATOR=cpu and give --hardware cpu")
     if accelerator == "cpu":
         raise ValueError(f"--hardware {hardware} is a {kind.upper()}, but DS_ACCELERATOR=cpu makes DeepSpeed train "
                          f"on the CPU; unset DS_ACCELERATOR, or give --hardware cpu")
-    if accelerator is None and not any(shutil.which(tool) for tool in ACCELERATOR_TOOLS) \
-            and not any(Path(node).exists() for node in ACCELERATOR_NODES):
+    if not accelerator and not present:
         raise ValueError(f"--hardware {hardware} is a {kind.upper()}, but this machine has none "
                          f"({', '.join(ACCELERATOR_TOOLS)} not found); run zerotune where the devices are, or give "
                          f"--hardware cpu")

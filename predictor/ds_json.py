@@ -190,6 +190,13 @@ def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum:
         raise _list_error(name)
     if value is None:  # JSON null: DeepSpeed's default
         return default
+    if isinstance(value, str) and path.startswith("zero_optimization"):
+        # DeepSpeed validates this section with pydantic (runtime/zero/config.py DeepSpeedZeroConfig), whose lax
+        # mode takes a number written as text: "stage": "2" and "2.0" run as stage 2
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
         raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")

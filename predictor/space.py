@@ -117,11 +117,18 @@ def _stages(zero: dict[str, Any]) -> list[int]:
     values = _values(zero, "stage", "zero_optimization.stage") or ["all"]
     if "all" in values:
         return [0, 1, 2, 3]
+    stages = []
     for value in values:
+        if isinstance(value, str):  # DeepSpeed's pydantic config runs "2" and "2.0" as stage 2 (ds_json._int)
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or value not in (0, 1, 2, 3):
             raise ValueError(f"ds_config zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2, 3, "
                              f"a list of them or \"all\"")
-    return sorted(set(values))
+        stages.append(int(value))
+    return sorted(set(stages))
 
 
 def _positive_ints(values: list[Any], path: str, maximum: int) -> tuple[int, ...]:

@@ -137,3 +137,20 @@ def test_autotp_training_degree_is_the_tensor_parallel_degree() -> None:
         parse_ds_config({"tensor_parallel": {"autotp_size": 2}, "autotuning": {"mp_size": 4}}, world_size=8)
     with pytest.raises(ValueError, match="tensor-parallel degree 2"):
         parse_ds_config({"tensor_parallel": {"autotp_size": 2}}, world_size=3)
+
+
+@pytest.mark.parametrize("stage", ["2", "2.0", 2.0])
+def test_a_zero_stage_written_as_text_runs_as_deepspeed_runs_it(stage: object) -> None:
+    # DeepSpeed validates zero_optimization with pydantic (runtime/zero/config.py DeepSpeedZeroConfig), whose lax
+    # mode runs "stage": "2" as stage 2; zerotune had refused it ("must be a whole number")
+    from zerotune.predictor.space import space_from_ds_config
+    doc = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage, "reduce_bucket_size": "500000000"}}
+    cfg = parse_ds_config(doc, world_size=2)
+    assert cfg.zero.stage == 2 and cfg.zero.reduce_bucket_size_elems == 500_000_000
+    assert {v.zero.stage for v in space_from_ds_config(doc, world_size=2, explore=()).variants} == {2}
+    deepspeed_config = pytest.importorskip("deepspeed.runtime.zero.config")
+    assert int(deepspeed_config.DeepSpeedZeroConfig(stage=stage).stage) == 2
+    with pytest.raises(ValueError, match="zero_optimization.stage must be a whole number, got 'two'"):
+        parse_ds_config({"zero_optimization": {"stage": "two"}}, world_size=2)
+    with pytest.raises(ValueError, match="train_micro_batch_size_per_gpu must be a whole number"):
+        parse_ds_config({"train_micro_batch_size_per_gpu": "2"}, world_size=2)  # DeepSpeed does its sums with it

@@ -183,3 +183,26 @@ def test_a_rank_dying_after_the_metrics_were_written_keeps_the_measurement(tmp_p
     assert status == "ok" and got == {"step_s": 0.5, "throughput_samples_per_s": 4.0}
     assert "status 1" in reason
     assert classify(1, False, "", "ValueError: boom\n", False, tmp_path / "none.json")[0] == "failed"
+
+
+def test_an_accelerator_named_in_ds_accelerator_that_this_machine_has_not_is_refused(monkeypatch, tmp_path) -> None:
+    # DS_ACCELERATOR=cuda on a machine without a GPU: every run had failed at start-up and the tune blamed the script;
+    # with --hardware cpu it would have trained on (or failed on) another device than the one named
+    import zerotune.calibrate.launch as launch_module
+    from zerotune.calibrate.launch import check_accelerator_here
+    monkeypatch.setattr(launch_module, "ACCELERATOR_TOOLS", ("no-such-vendor-tool",))
+    monkeypatch.setattr(launch_module, "ACCELERATOR_NODES", (str(tmp_path / "no-device"),))
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    with pytest.raises(ValueError, match="--hardware cpu is the CPU, but DS_ACCELERATOR=cuda .*which this machine "
+                                         "has not; set DS_ACCELERATOR=cpu"):
+        check_accelerator_here("cpu", "cpu", None)
+    with pytest.raises(ValueError, match="DS_ACCELERATOR=cuda, but this machine has no accelerator"):
+        check_accelerator_here("gpu", "h100-80gb", None)
+    check_accelerator_here("gpu", "h100-80gb", tmp_path / "hostfile")  # the ranks run on the listed hosts
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    check_accelerator_here("cpu", "cpu", None)
+    monkeypatch.delenv("DS_ACCELERATOR")
+    check_accelerator_here("cpu", "cpu", None)
+    (tmp_path / "no-device").mkdir()  # a device node: a GPU named here is taken to be here
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    check_accelerator_here("gpu", "h100-80gb", None)

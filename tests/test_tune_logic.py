@@ -227,6 +227,14 @@ def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path,
     names = [name for name, _ in launcher.calls]
     assert names[0] == "z0_gas1_tmbspg7" and "z0_gas1_tmbspg8" not in names  # the finished one is read back
     assert [r.resumed for r in outcome.results] == [True] + [False] * len(names)
+    # the closing line counts the resumed experiment's own wall time and says it was resumed (it had read 0:00:00
+    # for a tune whose experiments had all run before)
+    closing = (results / "summary.txt").read_text().strip().splitlines()[-1]
+    assert f"Total number of experiments: {len(outcome.results)} (1 of them measured by an earlier run" in closing
+    from zerotune.validate.results import format_summary
+    minutes = format_summary(outcome.results[:1], "throughput", 0.0, "stopped").strip().splitlines()[-1]
+    wall = outcome.results[0].wall_s
+    assert f"in 0:{int(round(wall)) // 60:02d}:{int(round(wall)) % 60:02d}." in minutes
     # a resumed result is the configuration as tuned, not as its experiment ran it (timers switched on): a user's
     # wall_clock_breakdown false reached ds_config_optimal.json as true when a resumed experiment was the best
     assert all("wall_clock_breakdown" not in r.config.passthrough for r in outcome.results)

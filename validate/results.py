@@ -205,11 +205,15 @@ def format_summary(results: Sequence[ExperimentResult], metric: Metric, duration
              "resumed" if r.resumed else "", r.reason or ""] for r in results]
     detail = _pipe_table(["exp_name", "status", "predicted_metric_val", "predicted_band", "measured_metric_val",
                           "measured/predicted", "wall_s", "note", "reason"], rows)
-    minutes, seconds = divmod(int(round(duration_s)), 60)
+    # a resumed tune counts the experiments an earlier run measured at their own wall time (it had read 0:00:00)
+    resumed = [r for r in results if r.resumed]
+    total_s = duration_s + sum(r.wall_s or 0.0 for r in resumed)
+    minutes, seconds = divmod(int(round(total_s)), 60)
     hours, minutes = divmod(minutes, 60)
+    earlier = f" ({len(resumed)} of them measured by an earlier run and resumed)" if resumed else ""
     return (f"{table}\n\nmetric: {metric}{' (minimised)' if not MAXIMISED[metric] else ''}\n\n{detail}\n\n"
             f"{stop_reason}\n\nTuning completed in {hours}:{minutes:02d}:{seconds:02d}. "
-            f"Total number of experiments: {len(results)}.\n")
+            f"Total number of experiments: {len(results)}{earlier}.\n")
 
 
 def lr_advice(doc: Mapping[str, Any], best: DSConfig, world_size: int) -> str | None:
