@@ -1156,3 +1156,27 @@ def test_the_profiling_runs_timed_forward_paces_the_hosts_kernel_launches() -> N
     lowered = host_paced(slow_host, job, [later], bound, lines.append)
     assert lowered.efficiency.kernel_launch_s < slow_host.efficiency.kernel_launch_s
     assert "the host took no longer" in lines[-1]
+
+
+def test_an_experiment_whose_steps_swing_is_weighted_as_the_noisier_measurement_it_is(tmp_path: Path) -> None:
+    """Step times as a helper's two experiments printed them on a shared 2-core machine (2026-11-29, another job
+    running during the first): ZeRO-0 at micro-batch 32 swung 2.4-6.2 s, ZeRO-2 held 2.0-2.2. Each now counts with
+    the standard error of its window's median (validate/profiled.py steps_rel_error), not the +-2% of a steady one."""
+    from zerotune.validate.candidates import NOISE_STD
+    from zerotune.validate.plan import build_job
+    from zerotune.validate.results import Layout, Prediction
+    from zerotune.validate.runs import measurement_of
+    settings = _settings(tmp_path, [32], [0, 2])  # start_profile_step 1
+    job = build_job(TINY, "cpu", 1, WORLD, SEQ_LEN)
+    layout = Layout(tmp_path / "results", tmp_path / "exps")
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 32}, world_size=WORLD)
+    pred = Prediction(3.0, 10.0, 9.0, 11.0, 1e9)
+    swinging = ExperimentResult("z0", cfg, pred, "ok", step_s=4.0, throughput_samples_per_s=16.0,
+                                step_times_s=(4.12, 2.4, 6.22, 4.69, 3.15, 3.19))
+    steady = ExperimentResult("z2", cfg, pred, "ok", step_s=2.03, throughput_samples_per_s=31.5,
+                              step_times_s=(2.2, 2.0, 2.03, 2.07, 2.02, 2.0))
+    noisy, calm = (measurement_of(settings, job, r, layout) for r in (swinging, steady))
+    assert noisy.step_s_rel_error == pytest.approx(0.21, abs=0.03)  # 1.2533 x stdev(log steps) / sqrt(5)
+    assert calm.step_s_rel_error < NOISE_STD
+    failed = measurement_of(settings, job, ExperimentResult("z1", cfg, pred, "failed", reason="x"), layout)
+    assert failed.step_s_rel_error is None

@@ -602,7 +602,13 @@ MEDIAN_EFFICIENCY = 1.2533
 def step_rel_error(run: ProfiledRun) -> float | None:
     """Standard error of the run's median step relative to it, from the spread of the log step times after the first;
     None with fewer than three."""
-    steps = [s for s in run.step_s[1:] if s > 0]
+    return steps_rel_error(run.step_s[1:])
+
+
+def steps_rel_error(step_s: Sequence[float]) -> float | None:
+    """Standard error of the median of these step times relative to it, from the spread of their logs; None with
+    fewer than three."""
+    steps = [s for s in step_s if s > 0]
     if len(steps) < 3:
         return None
     return MEDIAN_EFFICIENCY * statistics.stdev(math.log(s) for s in steps) / math.sqrt(len(steps))

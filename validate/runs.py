@@ -14,10 +14,10 @@ from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.predictor.rank import MAXIMISED, Metric
 from zerotune.validate.experiments import experiment_ds_config, rewrite_args
-from zerotune.validate.profiled import peak_env, read_peak_bytes
+from zerotune.validate.profiled import peak_env, read_peak_bytes, steps_rel_error
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp_document, load_finished,
                                        measured_from_metrics, result_dict, write_json_atomic)
-from zerotune.validate.settings import Launcher, TuneSettings
+from zerotune.validate.settings import Launcher, TuneSettings, autotuning_of
 
 __all__ = ["launch_spec", "run_experiment", "experiment_result", "window_step_s", "stop_rule_for", "measurement_of",
            "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios", "stopped_step_s", "ENDED_EARLY",
@@ -34,11 +34,18 @@ EARLY_STOP_MARGIN = 0.05
 
 
 def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, layout: Layout) -> Measurement:
+    """The experiment as a measurement for the search; its noise is the standard error of its window's median step
+    where the steps spread more than NOISE_STD says (validate/candidates.py Observation.noise_std): on a shared
+    2-core machine one window's steps swung 2.4-6.2 s while the next configuration's held 2.0-2.2, and both had been
+    trusted to +-2% (a helper's tunes, 2026-11-29)."""
     ok = result.status in ("ok", "stopped") and result.step_s is not None
+    at = autotuning_of(settings.doc, job.cluster.num_nodes * job.cluster.num_gpus_per_node)
+    window = result.step_times_s[at.start_profile_step:] or result.step_times_s
     return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
                        num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
                        status=result.status, step_s=result.step_s if ok else None,
                        throughput_samples_per_s=result.throughput_samples_per_s if ok else None,
+                       step_s_rel_error=steps_rel_error(window) if ok else None,
                        peak_memory_bytes=result.peak_memory_bytes if ok else None,
                        source=str(layout.run_dir(result.name)), reason=result.reason)
 

@@ -54,7 +54,7 @@ from zerotune.validate.experiments import (TRAINER_FLAGS, batch_as_given, check_
                                            optimal_ds_config, rewrite_args)
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
-from zerotune.validate.profiled import expected_longest
+from zerotune.validate.profiled import expected_longest, steps_rel_error
 from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model, trainable_space,
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
@@ -119,10 +119,13 @@ def _observation(table: SearchTable, index: int, result: ExperimentResult, job: 
     if result.status == "ok" and result.peak_memory_bytes:
         used = measured_memory_ratio(estimate(job, table.config(index), efficiency).memory,
                                      job.cluster.hardware.kind, result.peak_memory_bytes)
+    window = result.step_times_s[at.start_profile_step:] or result.step_times_s
+    spread = steps_rel_error(window) if result.status in MEASURED else None  # as measurement_of records it
     return Observation(cands.families[cands.family[index]], int(cands.micro_batch[index]), float(cands.step_s[index]),
                        float(cands.memory_ratio[index]), result.status,
                        result.step_s if result.status in MEASURED else None, index, measured_memory_ratio=used,
-                       max_samples_per_step=max_samples_for_window(result, job.cluster.world_size, at))
+                       max_samples_per_step=max_samples_for_window(result, job.cluster.world_size, at),
+                       noise_std=max(NOISE_STD, spread or 0.0))
 
 
 def _resumed(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, table: SearchTable,
@@ -180,8 +183,11 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
             + (f", fits with p={choice.fit_probability:.2f}" if choice.fit_probability < 1 else "") + ")")
         result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher,
                                 best_result(results, metric))
+        spread = steps_rel_error(result.step_times_s[at.start_profile_step:] or result.step_times_s)
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
-            + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}"))
+            + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}")
+            + (f" (its steps spread: weighted as a measurement within +-{spread:.0%})"
+               if result.metric_value is not None and spread is not None and spread > NOISE_STD else ""))
         results.append(result)
         _check_script_runs(settings, results, initial)
         return _observation(table, choice.index, result, job, model.efficiency, at)
