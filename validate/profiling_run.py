@@ -256,7 +256,11 @@ def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix:
                       f" ({why}; see {run_dir}){tried}: the experiments would fail the same way; make the script "
                       f"train under deepspeed with this ds_config first"
                       + (f" (its model could not be read either, {exc}: then give --model and --seq_len)"
-                         if started else ""))
+                         if started else "")
+                      # zerotune's own instrumentation runs in the profiling run (calibrate/profiling_site): a
+                      # failure of its own had been blamed on the script (non-reentrant checkpointing, 2026-11-29)
+                      + f"; if the script trains with {run_dir / 'ds_config.json'}, the profiling run's "
+                        f"instrumentation is at fault: give --model and --seq_len to tune without it")
 
 
 def profile_model(settings: TuneSettings, launcher: Launcher = launch,
