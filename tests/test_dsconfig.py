@@ -144,7 +144,8 @@ def test_a_zero_stage_written_as_text_runs_as_deepspeed_runs_it(stage: object) -
     # DeepSpeed validates zero_optimization with pydantic (runtime/zero/config.py DeepSpeedZeroConfig), whose lax
     # mode runs "stage": "2" as stage 2; zerotune had refused it ("must be a whole number")
     from zerotune.predictor.space import space_from_ds_config
-    doc = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage, "reduce_bucket_size": "500000000"}}
+    doc = {"train_micro_batch_size_per_gpu": 2,
+           "zero_optimization": {"stage": stage, "reduce_bucket_size": "500000000"}}
     cfg = parse_ds_config(doc, world_size=2)
     assert cfg.zero.stage == 2 and cfg.zero.reduce_bucket_size_elems == 500_000_000
     assert {v.zero.stage for v in space_from_ds_config(doc, world_size=2, explore=()).variants} == {2}

@@ -45,7 +45,8 @@ write them, tuned on the 2-vCPU machine on 2026-11-26: +22% to +170% at micro-ba
 Added in quadrature to the profile's band, as an error every configuration of the job shares (Uncertainty.shared_rel):
 the transferred model's errors split by model (fit on three rows of one model, log error of every other row) are
 mostly one offset per model, RMS 0.114 of the models' means against 0.066 about them on the 16-V100 table (7 models,
-25 rows; 0.095 and 0.064 before GEMMs off the tensor cores' alignment were charged, ops.MISALIGNED_GEMM_SLOWDOWN) and 0.107 against 0.101 on vTrain's single-node runs (7 models, 210 rows), where the spread about the mean is
+25 rows; 0.095 and 0.064 before GEMMs off the tensor cores' alignment were charged,
+ops.MISALIGNED_GEMM_SLOWDOWN) and 0.107 against 0.101 on vTrain's single-node runs (7 models, 210 rows), where the spread about the mean is
 the configuration error a model's own calibration also has (`python -m zerotune.validate.fewshot` prints the split).
 TRANSFER_SHARED_VARIANCE says how much of it is shared."""
 TRANSFER_SHARED_VARIANCE = 0.75

@@ -26,8 +26,8 @@ from zerotune.validate.results import write_text_atomic
 from zerotune.validate.runs import launch_spec, window_step_s
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of
 
-__all__ = ["ProfileOutcome", "profile_model", "trainable_space", "least_memory_variant", "as_the_script_runs", "with_script_optimizer",
-           "moe_space"]
+__all__ = ["ProfileOutcome", "profile_model", "trainable_space", "least_memory_variant", "as_the_script_runs",
+           "with_script_optimizer", "moe_space"]
 
 
 def as_the_script_runs(cfg: DSConfig, settings: TuneSettings) -> DSConfig:
