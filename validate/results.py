@@ -24,9 +24,9 @@ from zerotune.predictor import DSConfig, parse_ds_config
 from zerotune.predictor.ds_json import resolve_batch
 from zerotune.predictor.rank import MAXIMISED, Metric
 
-__all__ = ["Layout", "Prediction", "ExperimentResult", "write_json_atomic", "write_text_atomic",
-           "measured_from_metrics", "exp_document", "result_dict", "load_finished", "format_summary",
-           "best_result", "lr_advice", "GLOBAL_TUNING_SPACE"]
+__all__ = ["near_ties", "NEAR_TIE_REL", "Layout", "Prediction", "ExperimentResult", "write_json_atomic",
+           "write_text_atomic", "measured_from_metrics", "exp_document", "result_dict", "load_finished",
+           "format_summary", "best_result", "lr_advice", "GLOBAL_TUNING_SPACE"]
 
 GLOBAL_TUNING_SPACE = "global"
 """DeepSpeed's name for the row over all stages in summary.txt (autotuning/constants.py)."""
@@ -167,6 +167,30 @@ def best_result(results: Sequence[ExperimentResult], metric: Metric) -> Experime
         return None
     sign = 1.0 if MAXIMISED[metric] else -1.0
     return max(ok, key=lambda r: sign * float(r.metric_value))  # type: ignore[arg-type]
+
+
+NEAR_TIE_REL = 0.03
+"""Measured results closer than this are a tie: the same configuration's throughput moves by a few percent from run
+to run (DeepSpeed's engine timers, NOISE_STD in validate/candidates.py is 2% of a step), and on a shared machine
+by more (three tunes of one Trainer script chose ZeRO-2 at micro-batch 14, ZeRO-2 at 32 and ZeRO-0 at 15, each
+picked over the next on 0.4-1%)."""
+
+
+def near_ties(results: Sequence[ExperimentResult], metric: Metric) -> str | None:
+    """One line naming the other finished configurations within NEAR_TIE_REL of the measured best, or None: the
+    choice between them is the machine's noise, and the user may take the simpler (a lower ZeRO stage, DeepSpeed's
+    default buckets)."""
+    best = best_result(results, metric)
+    if best is None:
+        return None
+    value = float(best.metric_value)  # type: ignore[arg-type]
+    close = [r for r in results if r is not best and r.status == "ok" and r.metric_value is not None
+             and abs(float(r.metric_value) - value) <= NEAR_TIE_REL * abs(value)]
+    if not close:
+        return None
+    others = ", ".join(f"{r.name} ({float(r.metric_value):.4g})" for r in close)
+    return (f"{best.name} ({value:.4g}) is within {NEAR_TIE_REL:.0%} of {others}: a difference "
+            f"run-to-run noise can make, so either will do; re-measure them side by side to tell them apart")
 
 
 def _pipe_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -57,7 +57,7 @@ from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.profiled import expected_longest, steps_rel_error
 from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model, trainable_space,
                                              with_script_optimizer)
-from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice,
+from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice, near_ties,
                                        write_json_atomic, write_text_atomic)
 from zerotune.validate.runs import (EARLY_STOP_MARGIN, ENDED_EARLY, finished_earlier, launch_spec,
                                    max_samples_for_window, measurement_of, run_experiment)
@@ -445,6 +445,9 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         return 1
     print(f"zerotune tune: optimal {outcome.best.name} ({outcome.best.metric_value:.4g}); wrote "
           f"{outcome.layout.optimal_config} and {outcome.layout.optimal_cmd}")
+    tie = near_ties(outcome.results, autotuning_of(settings.doc, settings.num_nodes * settings.num_gpus).metric)
+    if tie:
+        print(f"zerotune tune: {tie}")
     world = settings.num_nodes * settings.num_gpus
     given = batch_as_given(settings.doc, settings.command.args, autotuning_of(settings.doc, world).arg_mappings)
     advice = lr_advice(given, outcome.best.config, world)
