@@ -178,6 +178,18 @@ def _bool(sec: dict[str, Any], path: str, key: str, default: bool) -> bool:
     return value
 
 
+def lax_number(value: Any) -> Any:
+    """A number written as text read as pydantic's lax mode reads it, for the sections DeepSpeed validates with
+    pydantic (runtime/zero/config.py DeepSpeedZeroConfig): "stage": "2" and "2.0" run as stage 2. Anything else is
+    returned as it is, for the caller's own check."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum: int = 0,
          auto: int | None = None) -> int | None:
     """An integer key; JSON writes 5e8 as a float, which is accepted when it is integral. Counts that size what
@@ -190,13 +202,8 @@ def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum:
         raise _list_error(name)
     if value is None:  # JSON null: DeepSpeed's default
         return default
-    if isinstance(value, str) and path.startswith("zero_optimization"):
-        # DeepSpeed validates this section with pydantic (runtime/zero/config.py DeepSpeedZeroConfig), whose lax
-        # mode takes a number written as text: "stage": "2" and "2.0" run as stage 2
-        try:
-            value = float(value)
-        except ValueError:
-            pass
+    if path.startswith("zero_optimization"):
+        value = lax_number(value)
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer()))):
         raise ValueError(f"ds_config {name} must be a whole number, got {value!r}")

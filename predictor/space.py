@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from zerotune.predictor.ds_json import parse_ds_config
+from zerotune.predictor.ds_json import lax_number, parse_ds_config
 from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig
 from zerotune.predictor.limits import DS_CONFIG_MAXIMA, MAX_GRAD_ACCUM, MAX_MICRO_BATCH
 
@@ -119,11 +119,7 @@ def _stages(zero: dict[str, Any]) -> list[int]:
         return [0, 1, 2, 3]
     stages = []
     for value in values:
-        if isinstance(value, str):  # DeepSpeed's pydantic config runs "2" and "2.0" as stage 2 (ds_json._int)
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = lax_number(value)  # DeepSpeed's pydantic config runs "2" and "2.0" as stage 2
         if isinstance(value, bool) or value not in (0, 1, 2, 3):
             raise ValueError(f"ds_config zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2, 3, "
                              f"a list of them or \"all\"")

@@ -504,18 +504,17 @@ def _subnormal_logits(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]
     if spec.head != "lm" or not shares:
         return spec
     share = float(statistics.median(shares))
-    factor = _subnormal_factor(rank0.get("subnormal"), share)
-    if share > 0 and factor is None:
+    factor = _subnormal_factor(rank0.get("subnormal"), share) if share > 0 else None
+    if share > 0:
+        cost = ("on the CPU its backward GEMMs run through microcode assists and are costed slower" if factor is None
+                else f"a GEMM with that share of subnormal operands took x{factor:.3g} its normal time on this host, "
+                     f"so its backward GEMMs are costed x{factor:.3g}")
+        slower = factor is None or factor > 1.05
+        spare = "; torch.set_flush_denormal(True) in the script would spare it" if slower else ""
         read.append(f"the logits' gradient held {share:.2%} subnormal values (median of {len(shares)} backward "
-                    f"passes): on the CPU its backward GEMMs run through microcode assists and are costed slower; "
-                    f"torch.set_flush_denormal(True) in the script would spare it")
-    elif share > 0:
-        read.append(f"the logits' gradient held {share:.2%} subnormal values (median of {len(shares)} backward "
-                    f"passes); a GEMM with that share of subnormal operands took x{factor:.3g} its normal time on "
-                    f"this host, so its backward GEMMs are costed x{factor:.3g}"
-                    + ("; torch.set_flush_denormal(True) in the script would spare it" if factor > 1.05 else ""))
-    spec = spec.replace(logits_grad_subnormal_share=round(share, 6))
-    return spec.replace(logits_grad_subnormal_factor=round(factor, 4)) if factor is not None and share > 0 else spec
+                    f"passes): {cost}{spare}")
+    return spec.replace(logits_grad_subnormal_share=round(share, 6),
+                        logits_grad_subnormal_factor=round(factor, 4) if factor is not None else 0.0)
 
 
 def _subnormal_factor(doc: Any, share: float) -> float | None:

@@ -19,9 +19,9 @@ from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp
                                        measured_from_metrics, result_dict, write_json_atomic)
 from zerotune.validate.settings import Launcher, TuneSettings, autotuning_of
 
-__all__ = ["launch_spec", "run_experiment", "experiment_result", "window_step_s", "stop_rule_for", "measurement_of",
-           "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios", "stopped_step_s", "ENDED_EARLY",
-           "max_samples_for_window"]
+__all__ = ["window_rel_error", "launch_spec", "run_experiment", "experiment_result", "window_step_s",
+           "stop_rule_for", "measurement_of", "EARLY_STOP_MIN_STEPS", "EARLY_STOP_MARGIN", "paired_step_ratios",
+           "stopped_step_s", "ENDED_EARLY", "max_samples_for_window"]
 
 
 PEAK_PREFIX = "peak"
@@ -40,14 +40,20 @@ def measurement_of(settings: TuneSettings, job: Job, result: ExperimentResult, l
     trusted to +-2% (a helper's tunes, 2026-11-29)."""
     ok = result.status in ("ok", "stopped") and result.step_s is not None
     at = autotuning_of(settings.doc, job.cluster.num_nodes * job.cluster.num_gpus_per_node)
-    window = result.step_times_s[at.start_profile_step:] or result.step_times_s
     return Measurement(model=settings.model, hardware=settings.hardware, num_nodes=job.cluster.num_nodes,
                        num_gpus_per_node=job.cluster.num_gpus_per_node, seq_len=job.seq_len, config=result.config,
                        status=result.status, step_s=result.step_s if ok else None,
                        throughput_samples_per_s=result.throughput_samples_per_s if ok else None,
-                       step_s_rel_error=steps_rel_error(window) if ok else None,
+                       step_s_rel_error=window_rel_error(result, at) if ok else None,
                        peak_memory_bytes=result.peak_memory_bytes if ok else None,
                        source=str(layout.run_dir(result.name)), reason=result.reason)
+
+
+def window_rel_error(result: ExperimentResult, at: AutotuningConfig) -> float | None:
+    """Standard error of the median step of the experiment's measuring window (its steps from start_profile_step,
+    all of them when it ran fewer) relative to it (validate/profiled.py steps_rel_error); None with fewer than
+    three."""
+    return steps_rel_error(result.step_times_s[at.start_profile_step:] or result.step_times_s)
 
 
 def launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path, args: Sequence[str],

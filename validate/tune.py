@@ -54,13 +54,13 @@ from zerotune.validate.experiments import (TRAINER_FLAGS, batch_as_given, check_
                                            optimal_ds_config, rewrite_args)
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
-from zerotune.validate.profiled import expected_longest, steps_rel_error
+from zerotune.validate.profiled import expected_longest
 from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model, trainable_space,
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice, near_ties,
                                        write_json_atomic, write_text_atomic)
 from zerotune.validate.runs import (EARLY_STOP_MARGIN, ENDED_EARLY, finished_earlier, launch_spec,
-                                   max_samples_for_window, measurement_of, run_experiment)
+                                   max_samples_for_window, measurement_of, run_experiment, window_rel_error)
 from zerotune.validate.search import (MEASURED, NOISE_STD, Choice, Observation, SearchTable, already_measured,
                                       candidate_table, choice_at, fit_probabilities, measured_job,
                                       measured_memory_ratio, observation_of, prediction_of, run_search)
@@ -119,8 +119,7 @@ def _observation(table: SearchTable, index: int, result: ExperimentResult, job: 
     if result.status == "ok" and result.peak_memory_bytes:
         used = measured_memory_ratio(estimate(job, table.config(index), efficiency).memory,
                                      job.cluster.hardware.kind, result.peak_memory_bytes)
-    window = result.step_times_s[at.start_profile_step:] or result.step_times_s
-    spread = steps_rel_error(window) if result.status in MEASURED else None  # as measurement_of records it
+    spread = window_rel_error(result, at) if result.status in MEASURED else None  # as measurement_of records it
     return Observation(cands.families[cands.family[index]], int(cands.micro_batch[index]), float(cands.step_s[index]),
                        float(cands.memory_ratio[index]), result.status,
                        result.step_s if result.status in MEASURED else None, index, measured_memory_ratio=used,
@@ -183,7 +182,7 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
             + (f", fits with p={choice.fit_probability:.2f}" if choice.fit_probability < 1 else "") + ")")
         result = run_experiment(settings, job, at, layout, len(results), cfg, prediction, launcher,
                                 best_result(results, metric))
-        spread = steps_rel_error(result.step_times_s[at.start_profile_step:] or result.step_times_s)
+        spread = window_rel_error(result, at)
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}")
             + (f" (its steps spread: weighted as a measurement within +-{spread:.0%})"
@@ -445,10 +444,10 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
         return 1
     print(f"zerotune tune: optimal {outcome.best.name} ({outcome.best.metric_value:.4g}); wrote "
           f"{outcome.layout.optimal_config} and {outcome.layout.optimal_cmd}")
-    tie = near_ties(outcome.results, autotuning_of(settings.doc, settings.num_nodes * settings.num_gpus).metric)
+    world = settings.num_nodes * settings.num_gpus
+    tie = near_ties(outcome.results, autotuning_of(settings.doc, world).metric)
     if tie:
         print(f"zerotune tune: {tie}")
-    world = settings.num_nodes * settings.num_gpus
     given = batch_as_given(settings.doc, settings.command.args, autotuning_of(settings.doc, world).arg_mappings)
     advice = lr_advice(given, outcome.best.config, world)
     if advice:
