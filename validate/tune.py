@@ -185,7 +185,7 @@ def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layo
         spread = window_rel_error(result, at)
         log(f"  -> {result.status}" + (" (resumed)" if result.resumed else "")
             + (f": {metric} {result.metric_value:.4g}" if result.metric_value is not None else f": {result.reason}")
-            + (f" (its steps spread: weighted as a measurement within +-{spread:.0%})"
+            + (f" (its steps spread: weighted as a measurement within +-{spread:.1%})"
                if result.metric_value is not None and spread is not None and spread > NOISE_STD else ""))
         results.append(result)
         _check_script_runs(settings, results, initial)
