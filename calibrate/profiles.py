@@ -82,8 +82,9 @@ class CalibrationProfile:
     """ISO 8601 date the profile was made."""
 
 
-TUNE_TIME_EFFICIENCY = ("memory_cache_gain",)
-"""Efficiency fields `tune` sets from its profiling run on the day (Efficiency.memory_cache_gain), never saved."""
+TUNE_TIME_EFFICIENCY = ("memory_cache_gain", "fresh_page_s_per_byte")
+"""Efficiency fields `tune` sets from its profiling run on the day (Efficiency.memory_cache_gain,
+fresh_page_s_per_byte), never saved."""
 
 
 def profile_measurements(profile: CalibrationProfile) -> list[Measurement]:

@@ -75,6 +75,15 @@ class HardwareSpec:
     x86 cores run a vector instruction with a subnormal operand through a microcode assist (~100-150 cycles
     against half a cycle) unless flush-to-zero is set, which PyTorch leaves off. Measured on this project's CPU
     (data/hardware/cpu.yaml); 0 on GPUs, whose FMA units take subnormals at full rate."""
+    fresh_map_bytes: float = 0.0
+    """Size from which the host's allocator maps every tensor anew, so that its pages fault in as they are first
+    written: PyTorch's CPU allocator takes each tensor from malloc (c10/core/impl/alloc_cpu.cpp, posix_memalign, no
+    cache), and glibc's malloc serves a block at or above its mmap threshold with a fresh mmap and returns it to the
+    system when freed; the threshold rises with freed blocks up to DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on a 64-bit
+    host (glibc malloc/malloc.c). 0 where no such rule is modelled (GPUs, whose caching allocators keep blocks)."""
+    fresh_page_s_per_byte: float = 0.0
+    """Seconds beyond its memory pass that writing one byte of a tensor of fresh_map_bytes or more costs: the page
+    faults and the kernel's zeroing of each new page (data/hardware/cpu.yaml, fresh_page_source)."""
     gemm_tile_elems: int = 128
     """Largest output tile edge the device's GEMM kernels pad a dimension to (ops.gemm_s: tile and wave
     quantization). 128 on GPUs (cuBLAS/CUTLASS thread-block tiles); a CPU core's kernels block the output in

@@ -37,7 +37,7 @@ from zerotune.predictor.job import Efficiency
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
-__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "PhaseTimes", "layer_times",
+__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "fresh_s", "fresh_write_s", "PhaseTimes", "layer_times",
            "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS",
            "MHA_CROSS_RW_ELEMS", "TENSOR_CORE_ALIGN_BYTES", "MISALIGNED_GEMM_SLOWDOWN"]
 
@@ -126,6 +126,11 @@ class DeviceRates:
     align_elems: int = 0
     """Elements a GEMM dimension must be a multiple of to run at the full rate (TENSOR_CORE_ALIGN_BYTES on a GPU in
     a 16-bit precision); 0 where no such rule is modelled (fp32 on CUDA cores, CPUs, HPUs)."""
+    fresh_map_bytes: float = 0.0
+    """HardwareSpec.fresh_map_bytes: a tensor at least this large is mapped anew when allocated; 0: none is."""
+    fresh_s_per_byte: float = 0.0
+    """Seconds beyond its memory pass per byte written into such a tensor (its pages fault in): the profiling run's
+    Efficiency.fresh_page_s_per_byte, else HardwareSpec.fresh_page_s_per_byte."""
 
 
 def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRates:
@@ -141,7 +146,9 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
                        hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), flash, hw.kind == "cpu",
                        TENSOR_CORE_ALIGN_BYTES // ELEMENT_BYTES[precision]
-                       if hw.kind == "gpu" and ELEMENT_BYTES[precision] == 2 else 0)
+                       if hw.kind == "gpu" and ELEMENT_BYTES[precision] == 2 else 0,
+                       hw.fresh_map_bytes, hw.fresh_page_s_per_byte if eff.fresh_page_s_per_byte is None
+                       else eff.fresh_page_s_per_byte)
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -169,7 +176,25 @@ def gemm_s(m: Batch, n: Batch, k: Batch, batch: Batch, rates: DeviceRates) -> Ba
         compute = compute * np.where(off, MISALIGNED_GEMM_SLOWDOWN, 1.0)
     bandwidth = rates.gemm_memory_bytes_per_s or rates.memory_bytes_per_s
     memory = rates.element_bytes * batch * (m * k + k * n + m * n) / bandwidth
-    return np.maximum(compute, memory)
+    return np.maximum(compute, memory) + fresh_s(m * n * batch, 1, rates)
+
+
+def fresh_write_s(num_bytes: float, hw: HardwareSpec, eff: Efficiency) -> float:
+    """fresh_s of one new tensor of `num_bytes`, outside a micro-step's kernels (a gradient bucket's flat copy)."""
+    per_byte = hw.fresh_page_s_per_byte if eff.fresh_page_s_per_byte is None else eff.fresh_page_s_per_byte
+    return num_bytes * per_byte if hw.fresh_map_bytes and num_bytes >= hw.fresh_map_bytes else 0.0
+
+
+def fresh_s(elems: Batch, writes: float, rates: DeviceRates) -> Batch:
+    """Seconds beyond their memory pass to write `writes` new tensors of `elems` elements each where the host maps
+    so large a tensor anew (DeviceRates.fresh_map_bytes): its pages fault in as they are first written, 0.4 ns a
+    byte on this project's CPU VM against 0.04 for the copy itself (data/hardware/cpu.yaml, fresh_page_source).
+    A GPT-2-vocabulary head's logits at 4096 tokens (823 MB a tensor) pay it on every pass over them; a block's
+    activations at the fixtures' sizes (a few MiB) never do. 0 on a device without the rule."""
+    if not rates.fresh_map_bytes or not rates.fresh_s_per_byte:
+        return 0 * elems
+    size = np.asarray(elems, dtype=float) * rates.element_bytes
+    return writes * np.where(size >= rates.fresh_map_bytes, size * rates.fresh_s_per_byte, 0.0)
 
 
 @dataclass(frozen=True)
@@ -198,7 +223,7 @@ def _linear(tokens: Batch, n_in: float, n_out: float, rates: DeviceRates, weight
         # rows, weights 256^2 to 768 x 3072); the backward's dY W and dY^T x ran at full pace (165-185 GFLOP/s at
         # 128 rows) and are charged no pack. Timed alone their operands were in cache; in a model all three GEMMs
         # also pay cold_weight_s.
-        fwd = fwd + _elementwise(n_in * n_out, 1, 1, 0, rates)
+        fwd = fwd + _elementwise(n_in * n_out, 1, 1, 0, rates, fresh=False)  # the BLAS's own packing buffer
     bwd = gemm_s(tokens, n_in, n_out, 1, rates) + weight_grad * gemm_s(n_in, n_out, tokens, 1, rates)
     cold = cold_weight_s(n_in, n_out, rates)
     fwd, bwd = fwd + cold, bwd + cold * (1 + weight_grad)
@@ -289,7 +314,10 @@ def _norm(elems: Batch, model: ModelSpec, rates: DeviceRates) -> tuple[Batch, Ba
     fwd_bytes, bwd_bytes = (36.0, 96.0) if sixteen_bit else (28.0, 96.0)
     kernels_f, kernels_b = (8, 16) if sixteen_bit else (6, 14)
     bandwidth = _memory_bytes_per_s(elems, rates)
-    return elems * fwd_bytes / bandwidth, elems * bwd_bytes / bandwidth, kernels_f, kernels_b
+    # written bytes (fwd 16 or 12 a element, bwd 38 or 36) as new tensors of the element size: fresh_s
+    fwd_new, bwd_new = ((16.0, 38.0) if sixteen_bit else (12.0, 36.0))
+    return (elems * fwd_bytes / bandwidth + fresh_s(elems, fwd_new / rates.element_bytes, rates),
+            elems * bwd_bytes / bandwidth + fresh_s(elems, bwd_new / rates.element_bytes, rates), kernels_f, kernels_b)
 
 
 def _rotary(model: ModelSpec, tokens: Batch, tp: int, rates: DeviceRates) -> tuple[Batch, Batch, int, int]:
@@ -321,8 +349,12 @@ def _memory_bytes_per_s(elems: Batch, rates: DeviceRates) -> Batch:
     return rates.memory_bytes_per_s * np.interp(key, np.log(moved), gain, left=gain[0], right=1.0)
 
 
-def _elementwise(elems: Batch, reads: float, writes: float, extra_bytes: Batch, rates: DeviceRates) -> Batch:
-    return (elems * (reads + writes) * rates.element_bytes + extra_bytes) / _memory_bytes_per_s(elems, rates)
+def _elementwise(elems: Batch, reads: float, writes: float, extra_bytes: Batch, rates: DeviceRates,
+                 fresh: bool = True) -> Batch:
+    """Seconds of eager kernels that read and write tensors of `elems` elements `reads` and `writes` times; each
+    write a new tensor (fresh_s) unless `fresh` is False."""
+    moved = (elems * (reads + writes) * rates.element_bytes + extra_bytes) / _memory_bytes_per_s(elems, rates)
+    return moved + fresh_s(elems, writes, rates) if fresh else moved
 
 
 def _block_memory_ops(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates
@@ -481,6 +513,13 @@ def outer_times(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates,
     if embedding:  # gathers, the adds that sum them, their backward scatter-adds
         fwd = _elementwise(narrow, 1, gathers, 0, rates) + _elementwise(narrow, 2 * (gathers - 1), gathers - 1, 0, rates)
         bwd = trained * _elementwise(narrow, gathers, gathers, 0, rates)
+        # the token table's gradient: embedding_dense_backward zero-fills a new vocab x width tensor before adding
+        # the tokens' rows into it (aten/src/ATen/native/Embedding.cpp, at::zeros); a tied head's weight gradient
+        # (the logits' dW, already a new tensor) is then added into it or it into that, in place
+        table = model.vocab_size * model.embedding_width
+        bwd = bwd + trained * _elementwise(table, 0, 1, 0, rates)
+        if model.head == "lm" and model.tied_embeddings:
+            bwd = bwd + trained * _elementwise(table, 2, 1, 0, rates, fresh=False)
     norm_f, norm_b, nk_f, nk_b = _norm(hidden, model, rates)
     fwd += int(model.final_norm) * norm_f
     bwd += int(model.final_norm) * norm_b

@@ -30,7 +30,7 @@ from zerotune.predictor.links import (Collective, collective_s, data_parallel_li
                                       ring_across_nodes)
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
-from zerotune.predictor.ops import DeviceRates, device_rates, layer_times, outer_times
+from zerotune.predictor.ops import DeviceRates, device_rates, fresh_write_s, layer_times, outer_times
 from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook_host_s, fsdp_units, grad_reduction,
                                               runtime_overhead_s, wrapper_bytes_per_param, zero3_trace)
 
@@ -410,7 +410,8 @@ def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float
     n_dp = cfg.dp_size(job.cluster.world_size)
     micro, step = runtime_overhead_s(job.model, cfg, n_dp, eff)
     red = grad_reduction(job.model, cfg)
-    copies_s = red.copy_bytes / job.cluster.hardware.memory_bandwidth_bytes_per_s
+    hw = job.cluster.hardware
+    copies_s = red.copy_bytes / hw.memory_bandwidth_bytes_per_s + red.num_calls * fresh_write_s(red.bucket_bytes, hw, eff)
     if cfg.zero.stage >= 2:
         micro += copies_s
     elif cfg.zero.stage == 1 or n_dp > 1:  # stage 0 flattens only when there is something to all-reduce

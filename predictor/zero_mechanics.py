@@ -223,6 +223,9 @@ class GradReduction:
     """Device bytes moved (read + write) per reduction copying gradients into and out of the flat buffers."""
     num_grad_tensors: int
     """Tensors that pass through the gradient hook / IPG bucket path per reduction (0 for stage 0)."""
+    bucket_bytes: float = 0.0
+    """Bytes of the flat tensor each collective's gradients are gathered into, a new one per call (stage 0 and
+    1-2: torch._utils._flatten_dense_tensors, a torch.cat; stage 3: the interleaving copy's output)."""
 
 
 def grad_reduction(model: ModelSpec, cfg: DSConfig) -> GradReduction:
@@ -245,12 +248,13 @@ def _grad_reduction(model: ModelSpec, stage: int, bucket_elems: int, reduce_scat
     psi, g = model.num_trainable_params / model_parallel, _BYTES[grad_precision]  # frozen: no gradient
     if stage == 0:
         calls = max(1, math.ceil(psi / STAGE0_ALLREDUCE_BUCKET_ELEMS))
-        return GradReduction("all_reduce", calls, 2 * 2 * psi * g, 0)  # flatten and copy back, read + write
+        # flatten and copy back, read + write
+        return GradReduction("all_reduce", calls, 2 * 2 * psi * g, 0, min(psi, STAGE0_ALLREDUCE_BUCKET_ELEMS) * g)
     calls = max(1, math.ceil(psi / max(bucket_elems, 1)))
     # into the bucket, flatten (stages 1-2) or interleave (stage 3) for the collective, the partition back out
     copies = 2 * 3 * psi * g
     kind: ReduceKind = "reduce_scatter" if stage == 3 and reduce_scatter else "all_reduce"
-    return GradReduction(kind, calls, copies, model.num_trainable_tensors)
+    return GradReduction(kind, calls, copies, model.num_trainable_tensors, min(psi, max(bucket_elems, 1)) * g)
 
 
 def backward_hook_host_s(model: ModelSpec, cfg: DSConfig, eff: Efficiency) -> float:

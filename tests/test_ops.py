@@ -338,6 +338,28 @@ def test_memory_bound_kernels_that_fit_the_caches_move_their_bytes_at_the_measur
     assert gemm_s(512, 512, 512, 1, cached) == gemm_s(512, 512, 512, 1, plain)
 
 
+def test_a_cpu_tensor_past_the_mmap_threshold_pays_its_pages_faulting_in() -> None:
+    """Source: data/hardware/cpu.yaml fresh_page_source (this project's CPU VM, AMD EPYC host, 2026-11-29, one
+    thread, fp32, medians of 7): a clone into a fresh tensor moved 26-43 GB/s (read + write) at 8-31 MiB, as a copy
+    into a kept tensor did, and 4.1-4.4 GB/s at 33-512 MiB (1.88 ns an element at 64 MiB), where the kept copy
+    still moved 23-27: glibc maps every block past its mmap threshold (at most 32 MiB) anew."""
+    from zerotune.predictor.ops import _elementwise, fresh_s
+    cpu = device_rates(load_hardware("cpu"), "fp32", Efficiency())
+    below, above = 16 * 2**20 // 4, 64 * 2**20 // 4  # elements of a 16 and a 64 MiB fp32 tensor
+    assert float(fresh_s(below, 1, cpu)) == 0.0
+    assert float(_elementwise(above, 1, 1, 0, cpu)) / above * 1e9 == pytest.approx(1.88, rel=0.15)
+    assert float(_elementwise(below, 1, 1, 0, cpu)) / below * 1e9 < 0.5
+    # a GEMM's output is such a tensor too: the GPT-2 head's logits at 4096 tokens (823 MB) pay 0.32 s on top
+    logits = float(gemm_s(4096, 50257, 768, 1, cpu) - gemm_s(4096, 50257, 768, 1, replace(cpu, fresh_s_per_byte=0.0)))
+    assert logits == pytest.approx(4096 * 50257 * 4 * 0.39e-9, rel=0.01)
+    # the profiling run's own timing replaces the catalog's figure (a host whose allocator keeps large blocks: 0)
+    kept = device_rates(load_hardware("cpu"), "fp32", Efficiency(fresh_page_s_per_byte=0.0))
+    assert float(_elementwise(above, 1, 1, 0, kept)) / above * 1e9 < 0.5
+    # GPUs' caching allocators keep their blocks: no such charge
+    h100 = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())
+    assert float(fresh_s(2**30, 1, h100)) == 0.0
+
+
 def test_each_gemm_of_a_cpu_linear_reads_or_writes_its_cold_weight_once() -> None:
     """Source: `python -m benchmarks.cold_weights` on this project's CPU VM (2026-11-28, one thread, fp32): after a
     64 MiB write, each GEMM of the encoder fixture's linear shapes took longer than timed back to back by these

@@ -892,6 +892,27 @@ def test_the_profiling_runs_smaller_copies_pace_the_kernels_that_fit_the_caches(
     assert plain.efficiency.memory_cache_gain == ()
 
 
+def test_the_profiling_runs_fresh_copy_prices_a_page_faulting_in() -> None:
+    # This VM on 2026-11-29 (data/hardware/cpu.yaml fresh_page_source): a 64 MiB copy into a kept tensor at 23 GB/s
+    # (read + write), into a fresh one at 4.2: 2/4.2e9 - 2/23e9 = 0.39 ns a byte written beyond the copy
+    from dataclasses import replace
+    from zerotune.validate.calibration import calibration_for, paced
+    settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", Path("ds.json")), {}, "m", "cpu", 2)
+    model = calibration_for(settings, lambda _: None)
+    lines: list[str] = []
+    timed = paced(model, replace(settings, device_copy_bytes_per_s=23e9, device_fresh_copy_bytes_per_s=4.2e9),
+                  lines.append)
+    assert timed.efficiency.fresh_page_s_per_byte == pytest.approx(2 / 4.2e9 - 2 / 23e9)
+    assert "fresh tensor" in lines[-1] and "0.389 ns" in lines[-1]
+    # an allocator that keeps large blocks (the fresh copy as fast as the kept one, or faster): nothing charged
+    same = paced(model, replace(settings, device_copy_bytes_per_s=23e9, device_fresh_copy_bytes_per_s=25e9),
+                 lines.append)
+    assert same.efficiency.fresh_page_s_per_byte == 0.0
+    # not timed (an accelerator's profiling run): the catalog's figure stays
+    assert paced(model, replace(settings, device_copy_bytes_per_s=23e9), lines.append
+                 ).efficiency.fresh_page_s_per_byte is None
+
+
 def test_a_script_whose_engine_ignores_the_given_config_is_refused_in_one_line(tmp_path: Path) -> None:
     """A script that builds its engine from its own config (a dict read through its own --config) ran micro-batch 16
     in the profiling run that asked for 1; the run was scored at 1 (16x too slow) and both experiments then 'ended

@@ -138,7 +138,10 @@ def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]
     bandwidth by its copy pace: a calibration holds for the machine as it ran that day, and a shared machine's
     pace moves (this CPU VM's single-thread fp32 matmul: 95 GFLOP/s in the shipped profile's microbenchmark on
     2026-11-23, 153-172 on 2026-11-25; its tensor copy 35 GB/s then, 12 now: the VM had moved from an AMD EPYC host
-    to an Intel Xeon one). Each is clipped at MAX_PACE_RATIO; the profiling run's own measurement corrects the rest."""
+    to an Intel Xeon one). Each is clipped at MAX_PACE_RATIO; the profiling run's own measurement corrects the rest.
+    On a CPU the profiling run's large copy into a fresh tensor sets the cost of a page faulting in
+    (Efficiency.fresh_page_s_per_byte) as measured, not as a ratio: a host whose allocator keeps large blocks
+    (jemalloc, tcmalloc, a raised MALLOC_MMAP_THRESHOLD_) times about none."""
     eff = model.efficiency
     if settings.device_matmul is not None:
         dtype, edge, now = settings.device_matmul
@@ -160,6 +163,14 @@ def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]
             shown = ", ".join(f"x{g:.2g} at {moved / 2**20:.3g} MiB" for moved, g in gain)
             log(f"zerotune tune: smaller copies moved their bytes faster (in the caches): memory-bound kernels "
                 f"predicted by the bytes they move, {shown}")
+    fresh = settings.device_fresh_copy_bytes_per_s
+    if now_copy and fresh:
+        # the same bytes moved (read + write) into a fresh tensor: what is left over is its pages faulting in, per
+        # byte written (half the bytes moved)
+        per_byte = max(0.0, 2.0 / fresh - 2.0 / now_copy)
+        log(f"zerotune tune: a copy into a fresh tensor ran at {fresh / 1e9:.3g} GB/s against {now_copy / 1e9:.3g} into "
+            f"a kept one: tensors the allocator maps anew charged {per_byte * 1e9:.3g} ns a byte written")
+        eff = replace(eff, fresh_page_s_per_byte=per_byte)
     return replace(model, efficiency=eff)
 
 

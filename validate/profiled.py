@@ -91,6 +91,10 @@ class ProfiledRun:
     input_lengths: tuple[int, ...] = ()
     """Positions of each forward's padded batch, every rank's, where they varied (micro_batch samples each); ()
     where every input had seq_len."""
+    fresh_copy_bytes_per_s: float | None = None
+    """rank 0's copy of copy_bytes_per_s's size into a fresh tensor, read + write per second, on a CPU: against the
+    copy into a kept tensor, what writing a tensor the allocator maps anew costs (ops.fresh_s); None where not
+    timed."""
     engine_config: Mapping[str, Any] | None = None
     """The engine's ZeRO stage, gradient accumulation and whether its autotuning section is on (zero_stage,
     gradient_accumulation_steps, autotuning), as the script built it; None when no step was recorded."""
@@ -482,7 +486,8 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")),
-                       input_lengths=input_lengths, engine_config=rank0.get("engine_config"))
+                       input_lengths=input_lengths, engine_config=rank0.get("engine_config"),
+                       fresh_copy_bytes_per_s=_copy(rank0.get("copy"), "fresh_bytes_per_s"))
 
 
 def _shared_blocks(spec: ModelSpec, passes: float, read: list[str]) -> ModelSpec:
@@ -554,8 +559,8 @@ def _matmul(doc: Any) -> MatmulPace | None:
     return MatmulPace(str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"]))
 
 
-def _copy(doc: Any) -> float | None:
-    rate = doc.get("bytes_per_s") if isinstance(doc, dict) else None
+def _copy(doc: Any, key: str = "bytes_per_s") -> float | None:
+    rate = doc.get(key) if isinstance(doc, dict) else None
     return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
 
 

@@ -95,6 +95,8 @@ class ProfileOutcome:
     min_stage: int = 0
     """The lowest ZeRO stage the script trains at: the stage the profiling run trained at after failing (other than
     out of memory) at a lower one, else 0 (TuneSettings.script_min_stage)."""
+    device_fresh_copy_bytes_per_s: float | None = None
+    """The large copy into a fresh tensor the run timed (TuneSettings.device_fresh_copy_bytes_per_s)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -315,7 +317,8 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
                           profiled.copy_bytes_per_s, profiled.activation_checkpointing, precision, profiled.native_moe,
                           step_phase, update, reduced, profiled.copy_curve, oom, forward, profiled.input_lengths,
                           cfg.train_micro_batch_size_per_gpu,
-                          cfg.zero.stage if crashed is not None and first_try is not None else 0)
+                          cfg.zero.stage if crashed is not None and first_try is not None else 0,
+                          profiled.fresh_copy_bytes_per_s)
 
 
 def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None, float | None]:

@@ -87,6 +87,9 @@ class TuneSettings:
     device_copy_curve: tuple[tuple[float, float], ...] = ()
     """The copies from cache-sized to large the profiling run timed on a CPU (ProfiledRun.copy_curve): each
     memory-bound kernel is paced by its working set's bandwidth (zerotune.validate.calibration.paced)."""
+    device_fresh_copy_bytes_per_s: float | None = None
+    """The profiling run's large copy into a fresh tensor on a CPU (ProfiledRun.fresh_copy_bytes_per_s): against
+    device_copy_bytes_per_s, the cost of a tensor's pages faulting in (zerotune.validate.calibration.paced)."""
     profiled_step_phase_s: float | None = None
     """DeepSpeed's step timer in the profiling run, median seconds per optimizer step over its window
     (zerotune.validate.calibration.update_paced)."""

@@ -435,7 +435,8 @@ def _copy_rate() -> dict[str, Any]:
     microbenchmark does, calibrate/microbench.py memory_bandwidth_bytes_per_s). A VM that moved to another host can
     run its matmuls faster and its memory-bound kernels slower than on the day it was calibrated (this one: fp32
     matmul 95 -> 155 GFLOP/s, copy 35 -> 12 GB/s). On a CPU also CACHE_COPY_BYTES copies ("cache_curve": bytes
-    moved, bytes per second), a few milliseconds each."""
+    moved, bytes per second), a few milliseconds each, and the COPY_BYTES copy into a fresh tensor
+    ("fresh_bytes_per_s")."""
     import torch
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
@@ -452,6 +453,9 @@ def _copy_rate() -> dict[str, Any]:
         # kernel writes its output (glibc maps a large one anew each time: its pages fault in as they are written)
         doc["cache_curve"] = [[2.0 * n, rate(n, fresh=True)] for n in CACHE_COPY_BYTES] + \
             [[2.0 * COPY_BYTES, doc["bytes_per_s"]]]
+        # the same large copy into a fresh tensor: above glibc's mmap threshold (at most 32 MiB) each one is mapped
+        # anew and its pages fault in as written (the predictor's fresh_page_s_per_byte)
+        doc["fresh_bytes_per_s"] = rate(COPY_BYTES, fresh=True)
     return doc
 
 
