@@ -477,13 +477,15 @@ _HW_KEYS = {"name", "description", "kind", "memory_gib", "runtime_reserved_gib",
             "heap_retained_activation_fraction", "heap_retained_source", "gemm_tile_elems", "gemm_tile_source",
             "eager_bandwidth_share", "eager_bandwidth_source", "kernel_launch_source", "dropout_rng_ns_per_element",
             "dropout_rng_source", "subnormal_gemm_slowdown", "subnormal_gemm_source", "flash_attention_tflops",
-            "flash_attention_source", "fresh_map_mib", "fresh_page_ns_per_byte", "fresh_page_source"}
+            "flash_attention_source", "fresh_map_mib", "fresh_page_ns_per_byte", "fresh_page_source",
+            "flash_score_ns_forward", "flash_score_ns_backward", "flash_kv_block_elems", "flash_score_source"}
 _HW_OPTIONAL = {"bf16_tflops", "fp16_tflops", "bf16_matmul_tflops", "fp16_matmul_tflops", "comm_compute_overlap",
                 "comm_compute_overlap_source", "heap_retained_activation_fraction", "heap_retained_source",
                 "gemm_tile_elems", "gemm_tile_source", "eager_bandwidth_share", "eager_bandwidth_source",
                 "kernel_launch_source", "dropout_rng_ns_per_element", "dropout_rng_source", "subnormal_gemm_slowdown",
                 "subnormal_gemm_source", "flash_attention_tflops", "flash_attention_source", "fresh_map_mib",
-                "fresh_page_ns_per_byte", "fresh_page_source"}
+                "fresh_page_ns_per_byte", "fresh_page_source", "flash_score_ns_forward", "flash_score_ns_backward",
+                "flash_kv_block_elems", "flash_score_source"}
 
 
 HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
@@ -504,6 +506,8 @@ HARDWARE_LIMITS: dict[str, tuple[float, float, str]] = {
     "subnormal_gemm_slowdown": (0.0, 100_000.0, "per unit share of subnormal operands"),
     "flash_attention_tflops": (0.0, 100_000.0, "TFLOP/s"),
     "fresh_map_mib": (0.0, 1_048_576.0, "MiB"), "fresh_page_ns_per_byte": (0.0, 1000.0, "ns"),
+    "flash_score_ns_forward": (0.0, 1000.0, "ns"), "flash_score_ns_backward": (0.0, 1000.0, "ns"),
+    "flash_kv_block_elems": (1.0, 1_048_576.0, "elements"),
 }
 """(low, high, unit) of each hardware key, in the key's own unit. Memory, FLOP/s and bandwidth must be above
 low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are ~50x today's largest device (H200: 141 GiB,
@@ -511,7 +515,8 @@ low, latency and runtime_reserved_gib may be 0 (gpus_per_node 1). The highs are 
 in milliseconds where microseconds go is caught rather than predicted with."""
 _LOW_INCLUSIVE = {"runtime_reserved_gib", "intra_node_latency_us", "inter_node_latency_us", "gpus_per_node",
                   "num_compute_units", "kernel_launch_us", "heap_retained_activation_fraction",
-                  "dropout_rng_ns_per_element", "subnormal_gemm_slowdown", "fresh_page_ns_per_byte"}
+                  "dropout_rng_ns_per_element", "subnormal_gemm_slowdown", "fresh_page_ns_per_byte",
+                  "flash_score_ns_forward", "flash_score_ns_backward"}
 
 
 def _number(path: Path, doc: dict[str, Any], key: str) -> float:
@@ -592,6 +597,9 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         flash_attention_flops_per_s=(_number(path, doc, "flash_attention_tflops") * TERA
                                if "flash_attention_tflops" in doc else 0.0),
         fresh_map_bytes=_number(path, doc, "fresh_map_mib") * 2**20 if "fresh_map_mib" in doc else 0.0,
+        flash_score_s=tuple(_number(path, doc, k) * NANO if k in doc else 0.0  # type: ignore[arg-type]
+                            for k in ("flash_score_ns_forward", "flash_score_ns_backward")),
+        flash_kv_block_elems=int(_number(path, doc, "flash_kv_block_elems")) if "flash_kv_block_elems" in doc else 0,
         fresh_page_s_per_byte=(_number(path, doc, "fresh_page_ns_per_byte") * NANO
                                if "fresh_map_mib" in doc and "fresh_page_ns_per_byte" in doc else 0.0),
     )

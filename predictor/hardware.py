@@ -75,6 +75,15 @@ class HardwareSpec:
     x86 cores run a vector instruction with a subnormal operand through a microcode assist (~100-150 cycles
     against half a cycle) unless flush-to-zero is set, which PyTorch leaves off. Measured on this project's CPU
     (data/hardware/cpu.yaml); 0 on GPUs, whose FMA units take subnormals at full rate."""
+    flash_score_s: tuple[float, float] = (0.0, 0.0)
+    """Seconds a fused attention kernel spends per score it computes beyond its GEMM FLOPs, forward and backward,
+    where that kernel runs its online softmax element by element: PyTorch's CPU flash attention
+    (scaled_dot_product_attention's CPU kernel) exponentiates and rescales each score in fp32 between small
+    blocked GEMMs, in any precision (data/hardware/cpu.yaml flash_score_source). (0, 0): the GPU form, GEMM
+    FLOPs at flash_attention_flops_per_s."""
+    flash_kv_block_elems: int = 0
+    """Keys per block of such a kernel, the granularity at which a causal mask skips blocks above the diagonal;
+    0: ops.FLASH_BLOCK_ELEMS (128, FlashAttention-2's)."""
     fresh_map_bytes: float = 0.0
     """Size from which the host's allocator maps every tensor anew, so that its pages fault in as they are first
     written: PyTorch's CPU allocator takes each tensor from malloc (c10/core/impl/alloc_cpu.cpp, posix_memalign, no

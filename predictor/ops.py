@@ -126,6 +126,11 @@ class DeviceRates:
     align_elems: int = 0
     """Elements a GEMM dimension must be a multiple of to run at the full rate (TENSOR_CORE_ALIGN_BYTES on a GPU in
     a 16-bit precision); 0 where no such rule is modelled (fp32 on CUDA cores, CPUs, HPUs)."""
+    flash_score_s: tuple[float, float] = (0.0, 0.0)
+    """HardwareSpec.flash_score_s: a fused attention kernel's seconds per score beyond its FLOPs, which then runs its
+    GEMM work at the fp32 rate (ops._attention); (0, 0): the GPU form."""
+    flash_block_elems: int = 0
+    """HardwareSpec.flash_kv_block_elems; 0: FLASH_BLOCK_ELEMS."""
     fresh_map_bytes: float = 0.0
     """HardwareSpec.fresh_map_bytes: a tensor at least this large is mapped anew when allocated; 0: none is."""
     fresh_s_per_byte: float = 0.0
@@ -147,6 +152,7 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), flash, hw.kind == "cpu",
                        TENSOR_CORE_ALIGN_BYTES // ELEMENT_BYTES[precision]
                        if hw.kind == "gpu" and ELEMENT_BYTES[precision] == 2 else 0,
+                       hw.flash_score_s, hw.flash_kv_block_elems,
                        hw.fresh_map_bytes, hw.fresh_page_s_per_byte if eff.fresh_page_s_per_byte is None
                        else eff.fresh_page_s_per_byte)
 
@@ -268,6 +274,14 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
     heads, d = b * model.num_heads / tp, model.head_dim
     scores, context = gemm_s(s, s, d, heads, rates), gemm_s(s, d, s, heads, rates)
     flops = gemm_flops(s, s, d, heads) + gemm_flops(s, d, s, heads)
+    if model.attention == "flash" and any(rates.flash_score_s):
+        # PyTorch's CPU kernel: per score its GEMM FLOPs (4d forward, 10d backward: the scores again, dP, dS and the
+        # three gradients) at the fp32 rate, whatever the precision (it accumulates and exponentiates in fp32), and
+        # the online softmax's per-score work; blocks of keys above a causal diagonal are skipped
+        computed = causal_flash_share(model, s, rates.flash_block_elems) * heads * s * s
+        fp32 = rates.fp32_matmul_flops_per_s or rates.matmul_flops_per_s
+        forward, backward = rates.flash_score_s
+        return computed * (forward + 4 * d / fp32), computed * (backward + 10 * d / fp32), flops
     if model.attention == "flash":
         # one fused kernel: the same tensor-core work, but the s x s scores never reach memory; a causal model's
         # kernel skips the score tiles above the diagonal
@@ -286,17 +300,18 @@ def _attention(model: ModelSpec, b: Batch, s: int, tp: int, rates: DeviceRates) 
     return scores + context, backward, flops
 
 
-def causal_flash_share(model: ModelSpec, s: int) -> float:
+def causal_flash_share(model: ModelSpec, s: int, block: int = 0) -> float:
     """Share of the s x s score tiles a flash kernel computes: all for an encoder; for a causal language model
     (head "lm") the tiles on and below the diagonal, (n + 1) / 2n of them for n = s / 128 query blocks
     (FlashAttention-2, Dao 2023, sec. 3.1.1: blocks whose column indices all exceed the row indices are skipped,
     about 1.7-1.8x faster; torch's SDPA runs it for is_causal, transformers' sdpa_attention_forward passes
     is_causal when there is no padding mask). A model that adds a bias to the scores (ALiBi: position_embedding
     "none") is charged every tile: llm-foundry's MPT rows measure so (at 16-65k tokens the skip predicted them
-    1.4-1.8x fast, where the full count is within 8%)."""
+    1.4-1.8x fast, where the full count is within 8%). `block`: the kernel's key block where it is not
+    FLASH_BLOCK_ELEMS (HardwareSpec.flash_kv_block_elems)."""
     if model.head != "lm" or model.position_embedding not in ("learned", "rotary"):
         return 1.0
-    blocks = max(1.0, s / FLASH_BLOCK_ELEMS)
+    blocks = max(1.0, s / (block or FLASH_BLOCK_ELEMS))
     return (blocks + 1) / (2 * blocks)
 
 

@@ -360,6 +360,33 @@ def test_a_cpu_tensor_past_the_mmap_threshold_pays_its_pages_faulting_in() -> No
     assert float(fresh_s(2**30, 1, h100)) == 0.0
 
 
+def test_cpu_flash_attention_runs_per_score_at_the_fp32_rate_in_any_precision() -> None:
+    """Source: data/hardware/cpu.yaml flash_score_source (this project's CPU VM, AMD EPYC host, 2026-11-29, one
+    thread): scaled_dot_product_attention at head dim 64 took 3.2-3.9 ns a score forward and 8.5-9.8 backward at
+    s 192-1024 in fp32, and bf16 no less (3.88 and 12.6 at s 192); is_causal skipped nothing up to s 512 and a
+    quarter at 1024 (0.75-0.78 forward)."""
+    from zerotune.predictor.ops import _attention
+    from zerotune.predictor.job import Efficiency as Eff
+    cpu = load_hardware("cpu")
+    # the fp32 GEMM rate of the shipped profile's day, 95 GFLOP/s (its microbenchmark), for both precisions
+    eff = Eff(gemm_efficiency_scale=95e9 / cpu.matmul_flops["fp32"], fp32_compute_scale=1.0)
+    encoder = replace(load_model("bert-base"), attention="flash")  # 12 heads of 64
+    for precision in ("fp32", "bf16"):
+        rates = device_rates(cpu, precision, eff)
+        fwd, bwd, _ = _attention(encoder, 1, 512, 1, rates)
+        scores = 12 * 512 * 512
+        assert float(fwd) / scores * 1e9 == pytest.approx(3.4, rel=0.15)
+        assert float(bwd) / scores * 1e9 == pytest.approx(8.8, rel=0.15)
+    gpt2 = replace(load_model("gpt2"), attention="flash")  # causal: whole 512-key blocks above the diagonal skipped
+    rates = device_rates(cpu, "fp32", eff)
+    assert float(_attention(gpt2, 1, 512, 1, rates)[0]) == pytest.approx(float(_attention(encoder, 1, 512, 1, rates)[0]))
+    ratio = float(_attention(gpt2, 1, 1024, 1, rates)[0] / _attention(encoder, 1, 1024, 1, rates)[0])
+    assert ratio == pytest.approx(0.765, abs=0.03)
+    # a GPU's flash kernel keeps its own form: 16-bit GEMM work only, causal tiles of 128
+    h100 = device_rates(load_hardware("h100-80gb"), "bf16", Efficiency())
+    assert float(_attention(gpt2, 1, 1024, 1, h100)[0]) < 1e-3
+
+
 def test_each_gemm_of_a_cpu_linear_reads_or_writes_its_cold_weight_once() -> None:
     """Source: `python -m benchmarks.cold_weights` on this project's CPU VM (2026-11-28, one thread, fp32): after a
     64 MiB write, each GEMM of the encoder fixture's linear shapes took longer than timed back to back by these
