@@ -82,9 +82,9 @@ class CalibrationProfile:
     """ISO 8601 date the profile was made."""
 
 
-TUNE_TIME_EFFICIENCY = ("memory_cache_gain", "fresh_page_s_per_byte")
+TUNE_TIME_EFFICIENCY = ("memory_cache_gain", "fresh_page_s_per_byte", "dropout_rng_s_per_element")
 """Efficiency fields `tune` sets from its profiling run on the day (Efficiency.memory_cache_gain,
-fresh_page_s_per_byte), never saved."""
+fresh_page_s_per_byte, dropout_rng_s_per_element), never saved."""
 
 
 def profile_measurements(profile: CalibrationProfile) -> list[Measurement]:

@@ -194,6 +194,10 @@ class Efficiency:
     paces memory_bandwidth_efficiency (the cache-aware roofline, Ilic, Pratas & Sousa 2014). Set by `tune` from
     its profiling run's copies on a CPU (zerotune.validate.calibration.paced); () leaves every kernel at the large
     copy's pace. Not part of a calibration profile."""
+    dropout_rng_s_per_element: float | None = None
+    """Seconds to draw a dropout mask element beyond its bytes (HardwareSpec.dropout_rng_s_per_element) as `tune`'s
+    profiling run timed it on the day (zerotune.validate.calibration.paced); None: the catalog's figure. Not part of
+    a calibration profile."""
     fresh_page_s_per_byte: float | None = None
     """Seconds beyond its memory pass per byte written into a tensor the host's allocator maps anew
     (HardwareSpec.fresh_page_s_per_byte), as `tune`'s profiling run timed it on the day (a fresh copy against a

@@ -147,7 +147,9 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        hw.achievable_memory_bandwidth_bytes_per_s * hw.eager_bandwidth_share
                        * eff.memory_bandwidth_efficiency, launch,
                        hw.num_compute_units, ELEMENT_BYTES[precision], hw.gemm_tile_elems,
-                       hw.achievable_memory_bandwidth_bytes_per_s, hw.dropout_rng_s_per_element,
+                       hw.achievable_memory_bandwidth_bytes_per_s,
+                       hw.dropout_rng_s_per_element if eff.dropout_rng_s_per_element is None
+                       else eff.dropout_rng_s_per_element,
                        hw.matmul_flops["fp32"] * eff.fp32_compute_scale * eff.gemm_efficiency_scale,
                        hw.subnormal_gemm_slowdown, tuple(eff.memory_cache_gain), flash, hw.kind == "cpu",
                        TENSOR_CORE_ALIGN_BYTES // ELEMENT_BYTES[precision]

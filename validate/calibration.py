@@ -141,7 +141,9 @@ def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]
     to an Intel Xeon one). Each is clipped at MAX_PACE_RATIO; the profiling run's own measurement corrects the rest.
     On a CPU the profiling run's large copy into a fresh tensor sets the cost of a page faulting in
     (Efficiency.fresh_page_s_per_byte) as measured, not as a ratio: a host whose allocator keeps large blocks
-    (jemalloc, tcmalloc, a raised MALLOC_MMAP_THRESHOLD_) times about none."""
+    (jemalloc, tcmalloc, a raised MALLOC_MMAP_THRESHOLD_) times about none. Its dropout sets the mask's draw
+    (Efficiency.dropout_rng_s_per_element) the same way: 15 ns an element on the Intel Xeon host the catalog's figure
+    was measured on, 6.4 on an AMD EPYC one (2026-11-29)."""
     eff = model.efficiency
     if settings.device_matmul is not None:
         dtype, edge, now = settings.device_matmul
@@ -171,6 +173,11 @@ def paced(model: Calibration, settings: TuneSettings, log: Callable[[str], None]
         log(f"zerotune tune: a copy into a fresh tensor ran at {fresh / 1e9:.3g} GB/s against {now_copy / 1e9:.3g} into "
             f"a kept one: tensors the allocator maps anew charged {per_byte * 1e9:.3g} ns a byte written")
         eff = replace(eff, fresh_page_s_per_byte=per_byte)
+    drawn = settings.device_dropout_s_per_element
+    if drawn is not None:
+        log(f"zerotune tune: a dropout mask took {drawn * 1e9:.3g} ns an element beyond its bytes in the profiling run: "
+            f"dropout costed so")
+        eff = replace(eff, dropout_rng_s_per_element=drawn)
     return replace(model, efficiency=eff)
 
 

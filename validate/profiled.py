@@ -95,6 +95,10 @@ class ProfiledRun:
     """rank 0's copy of copy_bytes_per_s's size into a fresh tensor, read + write per second, on a CPU: against the
     copy into a kept tensor, what writing a tensor the allocator maps anew costs (ops.fresh_s); None where not
     timed."""
+    dropout_s_per_element: float | None = None
+    """rank 0's dropout (p 0.1) on a few MiB beyond a clone of the same tensor, seconds an element, on a CPU: the
+    mask's random numbers drawn on the rank's thread (HardwareSpec.dropout_rng_s_per_element); None where not
+    timed."""
     engine_config: Mapping[str, Any] | None = None
     """The engine's ZeRO stage, gradient accumulation and whether its autotuning section is on (zero_stage,
     gradient_accumulation_steps, autotuning), as the script built it; None when no step was recorded."""
@@ -487,7 +491,8 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")),
                        input_lengths=input_lengths, engine_config=rank0.get("engine_config"),
-                       fresh_copy_bytes_per_s=_copy(rank0.get("copy"), "fresh_bytes_per_s"))
+                       fresh_copy_bytes_per_s=_copy(rank0.get("copy"), "fresh_bytes_per_s"),
+                       dropout_s_per_element=_copy(rank0.get("copy"), "dropout_s_per_element", zero=True))
 
 
 def _shared_blocks(spec: ModelSpec, passes: float, read: list[str]) -> ModelSpec:
@@ -559,9 +564,9 @@ def _matmul(doc: Any) -> MatmulPace | None:
     return MatmulPace(str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"]))
 
 
-def _copy(doc: Any, key: str = "bytes_per_s") -> float | None:
+def _copy(doc: Any, key: str = "bytes_per_s", zero: bool = False) -> float | None:
     rate = doc.get(key) if isinstance(doc, dict) else None
-    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+    return float(rate) if isinstance(rate, (int, float)) and (rate > 0 or zero and rate == 0) else None
 
 
 def _copy_curve(doc: Any) -> tuple[tuple[float, float], ...]:

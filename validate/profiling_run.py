@@ -97,6 +97,8 @@ class ProfileOutcome:
     out of memory) at a lower one, else 0 (TuneSettings.script_min_stage)."""
     device_fresh_copy_bytes_per_s: float | None = None
     """The large copy into a fresh tensor the run timed (TuneSettings.device_fresh_copy_bytes_per_s)."""
+    device_dropout_s_per_element: float | None = None
+    """The dropout the run timed (TuneSettings.device_dropout_s_per_element)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -318,7 +320,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
                           step_phase, update, reduced, profiled.copy_curve, oom, forward, profiled.input_lengths,
                           cfg.train_micro_batch_size_per_gpu,
                           cfg.zero.stage if crashed is not None and first_try is not None else 0,
-                          profiled.fresh_copy_bytes_per_s)
+                          profiled.fresh_copy_bytes_per_s, profiled.dropout_s_per_element)
 
 
 def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None, float | None]:

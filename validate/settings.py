@@ -90,6 +90,9 @@ class TuneSettings:
     device_fresh_copy_bytes_per_s: float | None = None
     """The profiling run's large copy into a fresh tensor on a CPU (ProfiledRun.fresh_copy_bytes_per_s): against
     device_copy_bytes_per_s, the cost of a tensor's pages faulting in (zerotune.validate.calibration.paced)."""
+    device_dropout_s_per_element: float | None = None
+    """The profiling run's dropout beyond a clone on a CPU (ProfiledRun.dropout_s_per_element): the mask's draw, a
+    element (zerotune.validate.calibration.paced)."""
     profiled_step_phase_s: float | None = None
     """DeepSpeed's step timer in the profiling run, median seconds per optimizer step over its window
     (zerotune.validate.calibration.update_paced)."""

@@ -426,6 +426,7 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
                                device_copy_bytes_per_s=profiled.device_copy_bytes_per_s,
                                device_copy_curve=profiled.device_copy_curve,
                                device_fresh_copy_bytes_per_s=profiled.device_fresh_copy_bytes_per_s,
+                               device_dropout_s_per_element=profiled.device_dropout_s_per_element,
                                script_checkpointing=profiled.activation_checkpointing,
                                script_precision=profiled.precision, script_moe=profiled.native_moe,
                                profiled_step_phase_s=profiled.step_phase_s, profiled_update_s=profiled.update_s,

@@ -44,6 +44,8 @@ CACHE_COPY_BYTES = (128 * 1024, 512 * 1024, 2 * 1024 * 1024, 8 * 1024 * 1024, 32
 """Smaller copies timed on a CPU, each into a fresh tensor: the bandwidth of an eager kernel whose working set
 fits the caches (the cache-aware roofline, Ilic, Pratas & Sousa 2014); on a GPU a copy this small times its
 launch, not its bytes."""
+DROPOUT_ELEMS = 2 * 1024 * 1024
+"""Elements of the CPU's dropout check: 8 MiB in fp32, under glibc's mmap threshold as a block's activations are."""
 MAX_LENGTHS = 256  # token inputs' lengths recorded per rank (each forward's; a profiling run makes a few)
 SUBNORMAL_STRIDE = 97  # every 97th value of the logits' gradient is looked at: a sample, not a second pass over it
 
@@ -435,8 +437,8 @@ def _copy_rate() -> dict[str, Any]:
     microbenchmark does, calibrate/microbench.py memory_bandwidth_bytes_per_s). A VM that moved to another host can
     run its matmuls faster and its memory-bound kernels slower than on the day it was calibrated (this one: fp32
     matmul 95 -> 155 GFLOP/s, copy 35 -> 12 GB/s). On a CPU also CACHE_COPY_BYTES copies ("cache_curve": bytes
-    moved, bytes per second), a few milliseconds each, and the COPY_BYTES copy into a fresh tensor
-    ("fresh_bytes_per_s")."""
+    moved, bytes per second), a few milliseconds each, the COPY_BYTES copy into a fresh tensor
+    ("fresh_bytes_per_s") and torch's dropout on DROPOUT_ELEMS beyond a clone ("dropout_s_per_element")."""
     import torch
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
@@ -456,6 +458,10 @@ def _copy_rate() -> dict[str, Any]:
         # the same large copy into a fresh tensor: above glibc's mmap threshold (at most 32 MiB) each one is mapped
         # anew and its pages fault in as written (the predictor's fresh_page_s_per_byte)
         doc["fresh_bytes_per_s"] = rate(COPY_BYTES, fresh=True)
+        # a dropout mask drawn element by element on this thread, beyond the clone of the same tensor
+        x = torch.ones(DROPOUT_ELEMS)
+        drop = timing.per_call_s(lambda: torch.nn.functional.dropout(x, 0.1, training=True), acc.synchronize)
+        doc["dropout_s_per_element"] = max(0.0, drop - timing.per_call_s(x.clone, acc.synchronize)) / DROPOUT_ELEMS
     return doc
 
 
