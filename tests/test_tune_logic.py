@@ -1115,8 +1115,20 @@ def test_the_profiling_runs_timed_update_rescales_every_configurations_optimizer
     assert whole.efficiency.optimizer_bytes_per_param == pytest.approx(2 * model.efficiency.optimizer_bytes_per_param)
     far = update_paced(model, job, [run], replace(settings, profiled_update_s=100 * update), lines.append)
     assert far.efficiency.optimizer_bytes_per_param == pytest.approx(MAX_PACE_RATIO * model.efficiency.optimizer_bytes_per_param)
-    # ZeRO-0's step timer leaving less than the rest it holds (a LoRA run: 6-9 ms against 9-12) times nothing
-    assert update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=1.5 * r0), lines.append) == model
+    # ZeRO-0's step timer leaving less than the rest it holds times nothing where the update is the smaller share (a
+    # LoRA run: 6-9 ms against 9-12 for the rest, its few trainable parameters' update far less)
+    small = replace(model, efficiency=replace(model.efficiency, optimizer_bytes_per_param=0.01))
+    u_small, _ = optimizer_update_s(job, z0_run.config, small.efficiency)
+    assert u_small < 0.5 * r0
+    assert update_paced(small, job, [z0_run], replace(settings, profiled_step_phase_s=1.5 * r0), lines.append) == small
+    # where the update is the larger share and the timer is shorter than update and rest together, the update is
+    # what the model over-predicts: lowered (at most to a quarter)
+    assert u0 > r0
+    lowered = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=r0 + 0.5 * u0), lines.append)
+    assert lowered.efficiency.optimizer_bytes_per_param == pytest.approx(0.5 * model.efficiency.optimizer_bytes_per_param)
+    floor = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=0.5 * r0), lines.append)
+    assert floor.efficiency.optimizer_bytes_per_param == pytest.approx(model.efficiency.optimizer_bytes_per_param
+                                                                       / MAX_PACE_RATIO)
     # no profiling run, or no timers: unchanged
     assert update_paced(model, job, [], replace(settings, profiled_update_s=3 * update), lines.append) == model
     assert update_paced(model, job, [run], settings, lines.append) == model
