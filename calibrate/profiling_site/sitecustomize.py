@@ -432,6 +432,22 @@ def _matmul_rate(engine: Any) -> dict[str, Any]:
     return {"m": n, "n": n, "k": n, "dtype": name, "flops_per_s": 2.0 * n ** 3 / seconds}
 
 
+def _recheck_matmul(engine: Any, state: dict[str, Any], path: str) -> None:
+    """At exit of rank 0, after the run's timed steps: the matmul check again, and the faster of the two kept. A
+    shared machine's pace has slow spells of seconds: on this project's CPU VM (2026-11-29) one check before the
+    first step read 77 and another 83 GFLOP/s where every other run that day read 90-96, and the tune paced every
+    GEMM by it (a first experiment +22% and +25% off). A slow spell rarely spans both checks; a slower machine slows
+    both."""
+    try:
+        first = state["matmul"]
+        again = _matmul_rate(engine)
+        if again["m"] == first.get("m") and again["flops_per_s"] > first["flops_per_s"]:
+            state["matmul"] = {**again, "first_flops_per_s": first["flops_per_s"]}
+            _write(path, state)
+    except Exception:  # noqa: BLE001 - a failed check keeps the first one, never fails the user's run
+        pass
+
+
 def _copy_rate() -> dict[str, Any]:
     """This device's memory pace now: a COPY_BYTES tensor copy, counting the read and the write (as the calibration's
     microbenchmark does, calibrate/microbench.py memory_bandwidth_bytes_per_s). A VM that moved to another host can
@@ -573,6 +589,9 @@ def _attach(engine: Any) -> None:
     if get_accelerator().device_name() == "cpu":
         _watch_logits_gradients(state)
     _wrap_step(engine, state, f"{_OUT}.rank{rank}.json")
+    if rank == 0 and "flops_per_s" in (state.get("matmul") or {}):
+        import atexit
+        atexit.register(_recheck_matmul, engine, state, f"{_OUT}.rank{rank}.json")
 
 
 def _patch(deepspeed: Any) -> None:
