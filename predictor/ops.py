@@ -37,7 +37,8 @@ from zerotune.predictor.job import Efficiency
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
 
-__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "fresh_s", "fresh_write_s", "PhaseTimes", "layer_times",
+__all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "fresh_s", "fresh_write_s",
+           "PhaseTimes", "layer_times",
            "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS",
            "MHA_CROSS_RW_ELEMS", "TENSOR_CORE_ALIGN_BYTES", "MISALIGNED_GEMM_SLOWDOWN"]
 
@@ -155,8 +156,7 @@ def device_rates(hw: HardwareSpec, precision: str, eff: Efficiency) -> DeviceRat
                        TENSOR_CORE_ALIGN_BYTES // ELEMENT_BYTES[precision]
                        if hw.kind == "gpu" and ELEMENT_BYTES[precision] == 2 else 0,
                        hw.flash_score_s, hw.flash_kv_block_elems,
-                       hw.fresh_map_bytes, hw.fresh_page_s_per_byte if eff.fresh_page_s_per_byte is None
-                       else eff.fresh_page_s_per_byte)
+                       hw.fresh_map_bytes, _fresh_page_s_per_byte(hw, eff))
 
 
 def gemm_flops(m: Batch, n: Batch, k: Batch, batch: Batch = 1) -> Batch:
@@ -187,10 +187,21 @@ def gemm_s(m: Batch, n: Batch, k: Batch, batch: Batch, rates: DeviceRates) -> Ba
     return np.maximum(compute, memory) + fresh_s(m * n * batch, 1, rates)
 
 
+def _fresh_page_s_per_byte(hw: HardwareSpec, eff: Efficiency) -> float:
+    """The profiling run's timing of a page faulting in where it made one, else the catalog's."""
+    return hw.fresh_page_s_per_byte if eff.fresh_page_s_per_byte is None else eff.fresh_page_s_per_byte
+
+
+def _fresh_bytes_s(size_bytes: Batch, threshold_bytes: float, s_per_byte: float) -> Batch:
+    """Seconds for a new tensor of `size_bytes` to fault its pages in: only at or past the threshold."""
+    return np.where(np.asarray(size_bytes, dtype=float) >= threshold_bytes, size_bytes * s_per_byte, 0.0)
+
+
 def fresh_write_s(num_bytes: float, hw: HardwareSpec, eff: Efficiency) -> float:
     """fresh_s of one new tensor of `num_bytes`, outside a micro-step's kernels (a gradient bucket's flat copy)."""
-    per_byte = hw.fresh_page_s_per_byte if eff.fresh_page_s_per_byte is None else eff.fresh_page_s_per_byte
-    return num_bytes * per_byte if hw.fresh_map_bytes and num_bytes >= hw.fresh_map_bytes else 0.0
+    if not hw.fresh_map_bytes:
+        return 0.0
+    return float(_fresh_bytes_s(num_bytes, hw.fresh_map_bytes, _fresh_page_s_per_byte(hw, eff)))
 
 
 def fresh_s(elems: Batch, writes: float, rates: DeviceRates) -> Batch:
@@ -201,8 +212,8 @@ def fresh_s(elems: Batch, writes: float, rates: DeviceRates) -> Batch:
     activations at the fixtures' sizes (a few MiB) never do. 0 on a device without the rule."""
     if not rates.fresh_map_bytes or not rates.fresh_s_per_byte:
         return 0 * elems
-    size = np.asarray(elems, dtype=float) * rates.element_bytes
-    return writes * np.where(size >= rates.fresh_map_bytes, size * rates.fresh_s_per_byte, 0.0)
+    return writes * _fresh_bytes_s(np.asarray(elems, dtype=float) * rates.element_bytes, rates.fresh_map_bytes,
+                                   rates.fresh_s_per_byte)
 
 
 @dataclass(frozen=True)

@@ -411,7 +411,8 @@ def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float
     micro, step = runtime_overhead_s(job.model, cfg, n_dp, eff)
     red = grad_reduction(job.model, cfg)
     hw = job.cluster.hardware
-    copies_s = red.copy_bytes / hw.memory_bandwidth_bytes_per_s + red.num_calls * fresh_write_s(red.bucket_bytes, hw, eff)
+    copies_s = (red.copy_bytes / hw.memory_bandwidth_bytes_per_s
+                + red.num_calls * fresh_write_s(red.bucket_bytes, hw, eff))
     if cfg.zero.stage >= 2:
         micro += copies_s
     elif cfg.zero.stage == 1 or n_dp > 1:  # stage 0 flattens only when there is something to all-reduce

@@ -487,12 +487,12 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
     return ProfiledRun(spec, tuple(read), tuple(assumed), tokens[1] if tokens else None, tokens[0] if tokens else None,
                        int(model_doc.get("num_params") or 0), dict(model_doc.get("params_by_kind") or {}),
                        str(model_doc.get("dtype", "")), recompute, tuple(float(s) for s in rank0.get("step_s", [])),
-                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _copy(rank0.get("copy")),
+                       max(peaks) if peaks else None, impl, _matmul(rank0.get("matmul")), _figure(rank0.get("copy")),
                        int(rank0["train_micro_batch_size_per_gpu"]) if rank0.get("train_micro_batch_size_per_gpu")
                        else None, bool(model_doc.get("moe")), measured_len, _copy_curve(rank0.get("copy")),
                        input_lengths=input_lengths, engine_config=rank0.get("engine_config"),
-                       fresh_copy_bytes_per_s=_copy(rank0.get("copy"), "fresh_bytes_per_s"),
-                       dropout_s_per_element=_copy(rank0.get("copy"), "dropout_s_per_element", zero=True))
+                       fresh_copy_bytes_per_s=_figure(rank0.get("copy"), "fresh_bytes_per_s"),
+                       dropout_s_per_element=_figure(rank0.get("copy"), "dropout_s_per_element", zero=True))
 
 
 def _shared_blocks(spec: ModelSpec, passes: float, read: list[str]) -> ModelSpec:
@@ -564,7 +564,8 @@ def _matmul(doc: Any) -> MatmulPace | None:
     return MatmulPace(str(doc.get("dtype")), int(doc.get("m") or 0), float(doc["flops_per_s"]))
 
 
-def _copy(doc: Any, key: str = "bytes_per_s", zero: bool = False) -> float | None:
+def _figure(doc: Any, key: str = "bytes_per_s", zero: bool = False) -> float | None:
+    """A check's positive figure under `key` (or 0 where `zero`); None where absent or not a number."""
     rate = doc.get(key) if isinstance(doc, dict) else None
     return float(rate) if isinstance(rate, (int, float)) and (rate > 0 or zero and rate == 0) else None
 
