@@ -400,19 +400,27 @@ def optimizer_update_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float,
     update, wrapper = _device_update_s(job, cfg, eff)
     link = data_parallel_link(job, eff, cfg)
     gather = sum(collective_s(c, n_dp, *link, eff) for c in data_parallel_collectives(job, cfg, eff) if c.phase == "after_step")
-    return update, wrapper + gather + _overheads_s(job, cfg, eff)[1]
+    # ZeRO-0 flattens its gradients inside allreduce_gradients, which the engine's bwd_allreduce timer holds
+    # (runtime/engine.py _backward_epilogue), not its step timer
+    flattening = reduction_copies_s(job, cfg, eff) if cfg.zero.stage == 0 and n_dp > 1 else 0.0
+    return update, wrapper + gather + _overheads_s(job, cfg, eff)[1] - flattening
+
+
+def reduction_copies_s(job: Job, cfg: DSConfig, eff: Efficiency) -> float:
+    """Seconds of the device copies of gradients into and out of the reduction buffers
+    (zero_mechanics.grad_reduction), memory-bound, each new bucket's pages faulting in where the host maps it anew."""
+    red = grad_reduction(job.model, cfg)
+    hw = job.cluster.hardware
+    return red.copy_bytes / hw.memory_bandwidth_bytes_per_s + red.num_calls * fresh_write_s(red.bucket_bytes, hw, eff)
 
 
 def _overheads_s(job: Job, cfg: DSConfig, eff: Efficiency) -> tuple[float, float]:
     """(per micro-step, per step) fixed seconds: the calibrated catch-alls plus DeepSpeed's runtime overheads
     (hooks, per-tensor bookkeeping, collective launches; zero_mechanics.runtime_overhead_s) and the device
-    copies of gradients into and out of the reduction buffers (zero_mechanics.grad_reduction), memory-bound."""
+    copies of gradients into and out of the reduction buffers (reduction_copies_s)."""
     n_dp = cfg.dp_size(job.cluster.world_size)
     micro, step = runtime_overhead_s(job.model, cfg, n_dp, eff)
-    red = grad_reduction(job.model, cfg)
-    hw = job.cluster.hardware
-    copies_s = (red.copy_bytes / hw.memory_bandwidth_bytes_per_s
-                + red.num_calls * fresh_write_s(red.bucket_bytes, hw, eff))
+    copies_s = reduction_copies_s(job, cfg, eff)
     if cfg.zero.stage >= 2:
         micro += copies_s
     elif cfg.zero.stage == 1 or n_dp > 1:  # stage 0 flattens only when there is something to all-reduce

@@ -1115,18 +1115,37 @@ def test_the_profiling_runs_timed_update_rescales_every_configurations_optimizer
     assert whole.efficiency.optimizer_bytes_per_param == pytest.approx(2 * model.efficiency.optimizer_bytes_per_param)
     far = update_paced(model, job, [run], replace(settings, profiled_update_s=100 * update), lines.append)
     assert far.efficiency.optimizer_bytes_per_param == pytest.approx(MAX_PACE_RATIO * model.efficiency.optimizer_bytes_per_param)
-    # ZeRO-0's step timer leaving less than the rest it holds times nothing where the update is the smaller share (a
-    # LoRA run: 6-9 ms against 9-12 for the rest, its few trainable parameters' update far less)
+    # ZeRO-0's step timer leaving the update no more than the rest times nothing where the update is the smaller
+    # share (a LoRA run's few trainable parameters)
     small = replace(model, efficiency=replace(model.efficiency, optimizer_bytes_per_param=0.01))
     u_small, _ = optimizer_update_s(job, z0_run.config, small.efficiency)
     assert u_small < 0.5 * r0
     assert update_paced(small, job, [z0_run], replace(settings, profiled_step_phase_s=1.5 * r0), lines.append) == small
-    # where the update is the larger share and the timer is shorter than update and rest together, the update is
-    # what the model over-predicts: lowered (at most to a quarter)
+    # where the update is the larger share and the timer leaves more than the rest, the update is what the model
+    # over-predicts: lowered to what the timer leaves
     assert u0 > r0
-    lowered = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=r0 + 0.5 * u0), lines.append)
-    assert lowered.efficiency.optimizer_bytes_per_param == pytest.approx(0.5 * model.efficiency.optimizer_bytes_per_param)
-    floor = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=0.5 * r0), lines.append)
+    left = (u0 + r0) / 2  # more than the rest, less than the update
+    lowered = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=r0 + left), lines.append)
+    assert lowered.efficiency.optimizer_bytes_per_param == pytest.approx(left / u0
+                                                                         * model.efficiency.optimizer_bytes_per_param)
+    assert lowered.efficiency.step_overhead_s == model.efficiency.step_overhead_s
+    # a timer shorter than the rest alone (the residual MLP fixture: 9-14 ms against 15.5 + 11.5): the whole phase is
+    # over-predicted, update and rest shrink alike, the rest by the per-step catch-all, so the phase is the timer's
+    even = replace(model, efficiency=replace(model.efficiency, optimizer_bytes_per_param=(
+        model.efficiency.optimizer_bytes_per_param * r0 / u0)))  # update and rest alike, as the MLP's 11 and 11.2
+    ue, re_ = optimizer_update_s(job, z0_run.config, even.efficiency)
+    phase = 0.8 * re_
+    both = update_paced(even, job, [z0_run], replace(settings, profiled_step_phase_s=phase), lines.append)
+    share = phase / (ue + re_)
+    assert share > 1 / MAX_PACE_RATIO
+    assert both.efficiency.optimizer_bytes_per_param == pytest.approx(share * even.efficiency.optimizer_bytes_per_param)
+    u1, r1 = optimizer_update_s(job, z0_run.config, both.efficiency)
+    assert u1 == pytest.approx(share * ue) and "the per-step overhead" in lines[-1]
+    expected_overhead = max(0.0, even.efficiency.step_overhead_s - re_ * (1 - share))
+    assert both.efficiency.step_overhead_s == pytest.approx(expected_overhead)
+    assert expected_overhead < even.efficiency.step_overhead_s
+    assert r1 == pytest.approx(re_ - (even.efficiency.step_overhead_s - expected_overhead))
+    floor = update_paced(model, job, [z0_run], replace(settings, profiled_step_phase_s=0.05 * r0), lines.append)
     assert floor.efficiency.optimizer_bytes_per_param == pytest.approx(model.efficiency.optimizer_bytes_per_param
                                                                        / MAX_PACE_RATIO)
     # no profiling run, or no timers: unchanged
@@ -1138,20 +1157,24 @@ def test_the_profiling_runs_timed_update_rescales_every_configurations_optimizer
 def test_the_profiling_runs_timed_all_reduce_paces_the_link() -> None:
     # The decoder fixture's profiling run (2026-11-27, ZeRO-0, 7.3M fp32 gradients over gloo): DeepSpeed's
     # bwd_allreduce timer read 34-49 ms where the shipped CPU profile's link put the all-reduce at 88 ms. At ZeRO-0
-    # the timer holds the whole reduction, which is the model's exposed communication there: the link's bandwidth
-    # efficiency is scaled by their ratio, every other stage's collectives on that link with it.
+    # the timer holds the whole reduction: the model's exposed communication there and the gradients' flattening into
+    # the bucket, charged apart (reduction_copies_s), which comes off the timer first; the link's bandwidth
+    # efficiency is scaled by the ratio of the rest, every other stage's collectives on that link with it.
     from dataclasses import replace
     from zerotune.calibrate.measurement import Measurement
     from zerotune.predictor import estimate
+    from zerotune.predictor.step_time import reduction_copies_s
     from zerotune.validate.calibration import allreduce_paced
     settings, job, model = _profiled_zt_gpt_small()
     z0 = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, world_size=2)
     predicted = estimate(job, z0, model.efficiency).time.breakdown_s["exposed_comm"]
-    assert predicted > 1e-3
+    flattening = reduction_copies_s(job, z0, model.efficiency)
+    assert predicted > 1e-3 and flattening > 0
     run = Measurement(model="zt-gpt-small", hardware="cpu", num_nodes=1, num_gpus_per_node=2, seq_len=128, config=z0,
                       status="ok", step_s=1.0)
     lines: list[str] = []
-    timed = allreduce_paced(model, job, [run], replace(settings, profiled_allreduce_s=predicted / 2), lines.append)
+    timed = allreduce_paced(model, job, [run], replace(settings, profiled_allreduce_s=predicted / 2 + flattening),
+                            lines.append)
     assert timed.efficiency.intra_node_bandwidth_efficiency == pytest.approx(
         2 * model.efficiency.intra_node_bandwidth_efficiency)
     assert "x2 as fast" in lines[0]

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 from zerotune.calibrate.profiles import CalibrationProfile, find_profile, load_profile, profile_measurements
 from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import Efficiency, Job, estimate, load_hardware
-from zerotune.predictor.step_time import forward_device_host_s, optimizer_update_s
+from zerotune.predictor.step_time import forward_device_host_s, optimizer_update_s, reduction_copies_s
 from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
@@ -208,12 +208,15 @@ def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], s
     at ZeRO-0 the engine's step timer less the rest of the step phase the model holds. Unfused torch AdamW on this
     project's CPU VM took 7-13 ns a parameter on 2026-11-27 against 5 on the calibration day, while the copy pace,
     which paced() applies to elementwise kernels, had fallen 3x: the update is timed, not inferred. Clipped at
-    MAX_PACE_RATIO; unchanged without a profiling run or its timers, where the optimizer runs on the host, or where
-    ZeRO-0's step timer leaves the update no more than the rest subtracted (a LoRA run's few trainable parameters)
-    unless the update is the larger share and the timer is shorter than both together: then the update is what the
-    model over-predicts, and it is lowered (a residual MLP script of 3.1 M parameters, 2026-11-29: step timer 9-14
-    ms against 15.5 predicted for the update and 11.5 for the rest; its profiling run was predicted 36-49% slow in
-    four runs, and its first experiment 9-24% fast, as the correction carried the over-predicted update along)."""
+    MAX_PACE_RATIO; unchanged without a profiling run or its timers, or where the optimizer runs on the host. At
+    ZeRO-0 a timer shorter than the rest alone shows the whole phase over-predicted: update and rest are lowered
+    alike to the timer (at most to a quarter), the rest by its catch-all step_overhead_s (its mechanistic parts
+    stay); a timer that leaves the update no more than the rest while the update is the smaller share (a LoRA run's
+    few trainable parameters) times nothing. A residual MLP script of 3.1 M parameters, 2026-11-29: step timer 9-14
+    ms against 11-15.5 predicted for the update and 11.2-11.5 for the rest (9 of it the CPU profile's per-step
+    catch-all, fitted on zt-gpt-small); its profiling run was predicted 29-60% slow in six runs, the update alone
+    lowered or not. The rest excludes ZeRO-0's gradient flattening, which the bwd_allreduce timer holds
+    (step_time.optimizer_update_s)."""
     timed = next((m for m in initial if m.status == "ok"), None)  # the profiling run's measurement
     if timed is None or (settings.profiled_update_s is None and settings.profiled_step_phase_s is None):
         return model
@@ -222,13 +225,24 @@ def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], s
         return model
     measured = (settings.profiled_update_s if settings.profiled_update_s is not None
                 else settings.profiled_step_phase_s - rest)  # type: ignore[operator]
+    eff = model.efficiency
+    if settings.profiled_update_s is None and measured < 0:
+        # ZeRO-0's step timer shorter than the rest alone: the whole phase is over-predicted, so both shrink alike
+        # to what the timer read, the rest through its catch-all (step_overhead_s; its mechanistic parts stay)
+        phase = settings.profiled_step_phase_s
+        ratio = _clip_pace(max(phase, 0.0) / (update + rest))  # type: ignore[operator]
+        overhead = max(0.0, eff.step_overhead_s - rest * (1.0 - ratio))
+        log(f"zerotune tune: the step phase took {phase * 1e3:.4g} ms in the profiling run (DeepSpeed's step timer) "
+            f"against {(update + rest) * 1e3:.4g} predicted ({update * 1e3:.4g} the update): updates predicted "
+            f"x{ratio:.3g} as long, the per-step overhead {eff.step_overhead_s * 1e3:.3g} -> {overhead * 1e3:.3g} ms")
+        return replace(model, efficiency=replace(eff, optimizer_bytes_per_param=eff.optimizer_bytes_per_param * ratio,
+                                                 step_overhead_s=overhead))
     if settings.profiled_update_s is None and measured <= rest and (measured >= update or update <= rest):
         return model  # what the step timer leaves is no larger than the model's own share subtracted: not a timing
     ratio = _clip_pace(max(measured, 0.0) / update)
     what = "optimizer_step timer" if settings.profiled_update_s is not None else "step timer less the rest of its step"
     log(f"zerotune tune: the optimizer's update took {measured * 1e3:.4g} ms in the profiling run (DeepSpeed's "
         f"{what}) against {update * 1e3:.4g} predicted: updates predicted x{ratio:.3g} as long")
-    eff = model.efficiency
     return replace(model, efficiency=replace(eff, optimizer_bytes_per_param=eff.optimizer_bytes_per_param * ratio))
 
 
@@ -241,7 +255,9 @@ def allreduce_paced(model: Calibration, job: Job, initial: Sequence[Measurement]
     """The model with the link's bandwidth scaled to the gradient all-reduce the profiling run's engine timed: at
     ZeRO-0 the engine's bwd_allreduce timer holds the whole reduction after the backward (runtime/engine.py
     _backward_epilogue -> allreduce_gradients -> buffered_allreduce_fallback, :3095), the collective and the
-    buffer copies DeepSpeed runs around it, which the model's exposed communication is at that stage. Like the
+    buffer copies DeepSpeed runs around it: the model's exposed communication at that stage, and its gradient
+    flattening (step_time.reduction_copies_s), which is charged apart and so comes off the timer first (a residual
+    MLP script's 2.2 ms of 12-22, counted twice before, 2026-11-29). Like the
     copy and matmul paces, a calibration's link holds for its day: the shipped CPU profile's gloo link (fitted
     efficiency 0.338, 2026-11-23, an AMD EPYC host) put a decoder script's 29 MB all-reduce at 88 ms where its
     profiling run's engine timed 34-49 ms (2026-11-27, an Intel Xeon host). Single node only (the run crossed one
@@ -251,14 +267,17 @@ def allreduce_paced(model: Calibration, job: Job, initial: Sequence[Measurement]
     if timed is None or settings.profiled_allreduce_s is None or timed.config.zero.stage != 0 \
             or job.cluster.num_nodes != 1:
         return model
-    predicted = estimate(measured_job(job, timed), timed.config, model.efficiency).time.breakdown_s.get(
-        "exposed_comm", 0.0)
+    run_job = measured_job(job, timed)
+    predicted = estimate(run_job, timed.config, model.efficiency).time.breakdown_s.get("exposed_comm", 0.0)
     if predicted < MIN_PACED_ALLREDUCE_S or settings.profiled_allreduce_s <= 0:
         return model
-    ratio = _clip_pace(predicted / settings.profiled_allreduce_s)
+    # the timer also holds the flattening of the gradients into the bucket, which the model charges apart
+    flattening = reduction_copies_s(run_job, timed.config, model.efficiency)
+    on_link = max(settings.profiled_allreduce_s - flattening, predicted / MAX_PACE_RATIO)
+    ratio = _clip_pace(predicted / on_link)
     log(f"zerotune tune: the gradient all-reduce took {settings.profiled_allreduce_s * 1e3:.4g} ms in the profiling "
-        f"run (DeepSpeed's bwd_allreduce timer) against {predicted * 1e3:.4g} predicted: the link predicted "
-        f"x{ratio:.3g} as fast")
+        f"run (DeepSpeed's bwd_allreduce timer) against {(predicted + flattening) * 1e3:.4g} predicted "
+        f"({flattening * 1e3:.3g} of it the gradients' flattening): the link predicted x{ratio:.3g} as fast")
     eff = model.efficiency
     return replace(model, efficiency=replace(eff, intra_node_bandwidth_efficiency=eff.intra_node_bandwidth_efficiency
                                              * ratio))
