@@ -273,7 +273,7 @@ def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | No
 def error_shares(groups: Sequence[Group]) -> dict[str, float]:
     """How the model's log step-time errors split over the groups: the mean square of each group's mean error
     (common), of each family's mean about its group's (specific) and of each row about its family's
-    (within-family), as shares of their sum: the check of zerotune.validate.search.SHARES."""
+    (within-family), as shares of their sum: the check of zerotune.validate.errors.SHARES."""
     parts: dict[str, list[float]] = {"common": [], "specific": [], "within": []}
     for group in groups:
         rows = _distinct(group.rows)
@@ -303,7 +303,7 @@ class MemoryBandCheck:
 
 
 def memory_band_check(groups: Sequence[Group]) -> MemoryBandCheck:
-    """The check of zerotune.validate.search's measured-peak bands (MEASURED_MEMORY_REL, _OTHER_REL, _ABS) on grids
+    """The check of zerotune.validate.errors' measured-peak bands (MEASURED_MEMORY_REL, _OTHER_REL, _ABS) on grids
     that recorded each run's peak: from every run that fitted, the band its peak gives every other run of the same
     model (candidate_memory_bounds with that one run measured), against what the other measured or ran out of."""
     pairs, outside, oom = 0, [], []

@@ -42,7 +42,7 @@ class Uncertainty:
     """The part of step_time_rel (added to it in quadrature) that every configuration of the job shares: a model the
     calibration was not fitted on runs its kernels at its own efficiency, which moves all its configurations
     together (zerotune.validate.calibration.MODEL_TRANSFER_REL). One measurement of the job removes it; the search's
-    prior gives it to the shared term alone (zerotune.validate.search._variances)."""
+    prior gives it to the shared term alone (zerotune.validate.errors._variances)."""
     slope_rel: float = 0.0
     """A priori standard deviation of the log step-time error's trend per doubling of the micro-batch (the
     search's slope term, zerotune.validate.search): a model the calibration was not fitted on may split its time
