@@ -1400,7 +1400,7 @@ def test_learned_positions_held_as_a_bare_parameter_are_read(tmp_path: Path) -> 
 def test_integer_targets_after_frames_are_not_read_as_tokens() -> None:
     """A speech model's forward(frames (b, 300, 80) float, labels (b, 40) int64): its labels were read as 40 tokens
     and paced the padded lengths; after a float input of 3 or more dimensions no integer tensor is the input."""
-    from zerotune.validate.profiled import _token_input
+    from zerotune.validate.profiled_inputs import token_input as _token_input
     frames = {"name": "", "shape": [1, 300, 80], "dtype": "float32"}
     labels = {"name": "", "shape": [1, 40], "dtype": "int64"}
     assert _token_input([frames, labels]) is None

@@ -29,6 +29,7 @@ from zerotune.predictor.catalog import HF_WIDTH_KEYS, model_from_hf_dict
 from zerotune.predictor.dsconfig import OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
+from zerotune.validate.profiled_inputs import Tokens, expected_longest, padded_per_batch, run_positions, token_input
 
 __all__ = ["PROFILING_SITE", "peak_env", "read_peak_bytes", "MatmulPace", "ProfiledRun", "profiling_env",
            "read_profiled", "step_rel_error", "expected_longest", "model_yaml", "precision_of_dtype"]
@@ -104,10 +105,6 @@ class ProfiledRun:
     gradient_accumulation_steps, autotuning), as the script built it; None when no step was recorded."""
 
 
-Tokens = tuple[int, int]
-"""(micro-batch, positions per sample)."""
-
-
 def peak_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
     """An experiment's added environment: the profiling site first on PYTHONPATH, writing only each rank's peak
     memory at exit to <prefix>.rank<R>.json (read_peak_bytes)."""
@@ -144,36 +141,6 @@ def _load(path: Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return doc if isinstance(doc, dict) else None
-
-
-def _token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
-    """(micro-batch, tokens) of the first 2-D integer tensor the model's forward received; None where its first
-    input is vectors (a float tensor of 3 or more dimensions: audio frames, images, embeddings), whose integer
-    tensors are targets (a CTC model's (b, 40) labels were read as 40 tokens against its 300 frames)."""
-    if inputs and _vectors_first(inputs):
-        return None
-    for item in inputs or []:
-        if len(item["shape"]) == 2 and item["dtype"].startswith(("int", "uint")):
-            return int(item["shape"][0]), int(item["shape"][1])
-    return None
-
-
-def _vectors_first(inputs: list[dict[str, Any]]) -> bool:
-    first = inputs[0]
-    return len(first["shape"]) >= 3 and first["dtype"].startswith(("float", "bfloat"))
-
-
-def _block_tokens(rank0: Mapping[str, Any], hidden: int) -> tuple[int, int] | None:
-    """(micro-batch, tokens) from the first block's input, (batch, sequence, hidden) or (sequence, batch, hidden):
-    for a model whose forward gets no token ids (a ViT's image, an audio clip, embeddings computed outside). The
-    batch is the dimension equal to the model input's first; batch first when both are."""
-    shapes = rank0.get("block_input") or []
-    inputs = rank0.get("inputs") or []
-    if not shapes or len(shapes[0]["shape"]) != 3 or shapes[0]["shape"][2] != hidden:
-        return None
-    first, second = int(shapes[0]["shape"][0]), int(shapes[0]["shape"][1])
-    batch = int(inputs[0]["shape"][0]) if inputs and inputs[0]["shape"] else first
-    return (second, first) if second == batch and first != batch else (first, second)
 
 
 def _attention(rank0: Mapping[str, Any], read: list[str], assumed: list[str]) -> str:
@@ -346,83 +313,6 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     return spec.replace(activation_scale=round(saved / formula, 4)), (batch, positions)
 
 
-def expected_longest(lengths: Sequence[int], draws: float) -> float:
-    """E[max of `draws` independent lengths] under the empirical distribution of `lengths`: sum over the distinct
-    values v of v x (F(v)^n - F(v-)^n), F the empirical CDF; a real n interpolates."""
-    values, counts = np.unique(np.asarray(lengths, dtype=float), return_counts=True)
-    cdf = np.cumsum(counts) / counts.sum()
-    below = np.concatenate([[0.0], cdf[:-1]])
-    n = max(float(draws), 1.0)
-    return float(np.sum(values * (cdf ** n - below ** n)))
-
-
-def _padded_per_batch(ranks: Sequence[Mapping[str, Any]], tokens: Tokens, read: list[str]
-                      ) -> tuple[Tokens, int | None, tuple[int, ...]]:
-    """(the positions to cost memory at, the positions the run's steps were paced by, each forward's positions) when
-    the token inputs' length changed from forward to forward: a collator that pads each batch to its longest sample
-    (Hugging Face's DataCollatorWithPadding, the Trainer's default with a tokenizer). Memory must hold the longest
-    batch, so every configuration's memory is costed at the longest seen; a step goes at the pace of the rank with
-    the longest batch (the ranks meet at every gradient reduction), so the run's steps went at the expected longest
-    of one forward per rank (expected_longest), and `tune` costs each configuration's time at the expected longest of
-    its own batches (zerotune.validate.tune: a micro-batch of b samples on d ranks pads toward the longest of b x d).
-    The first forward's offset between the ids and the blocks' positions (a script that shifts its ids) is kept.
-    Unchanged (None, ()) where the length held."""
-    lengths = [int(n) for d in ranks for n in d.get("input_lengths") or []]
-    first = _token_input((ranks[0] if ranks else {}).get("inputs"))
-    if len(set(lengths)) < 2 or first is None:
-        return tokens, None, ()
-    offset = first[1] - tokens[1]
-    positions = tuple(n - offset for n in lengths)
-    longest, paced = max(positions), round(expected_longest(positions, max(len(ranks), 1)))
-    read.append(f"the inputs' length changed from forward to forward ({min(lengths)}-{max(lengths)} tokens over "
-                f"{len(lengths)} forwards, mean {round(sum(lengths) / len(lengths))}: a collator that pads each batch "
-                f"to its longest sample): memory is costed at the longest seen, {longest} positions, time at the "
-                f"expected longest of each configuration's batches; --seq_len sets one length for both")
-    return (tokens[0], longest), paced, positions
-
-
-def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: Tokens, decoder: Tokens, read: list[str]) -> Tokens:
-    """(micro-batch, positions) of an encoder-decoder (T5, BART by their config; nn.Transformer by its two stacks of
-    modules, `hf` then holding only encoder_layers and decoder_layers) described as one stack of both (the catalog's
-    zerotune.predictor.catalog._hf_layers): the encoder runs over the input ids' length, the decoder over its own
-    (the repeated block the hook sees is the decoder's, the larger with its cross-attention); the stack runs at
-    their layer-weighted mean, so its layers x positions, what the GEMMs and activations scale with, are the
-    model's."""
-    encoder_layers = int(hf.get("encoder_layers") or hf.get("num_layers") or 1)
-    decoder_layers = int(hf.get("decoder_layers") or hf.get("num_decoder_layers") or encoder_layers)
-    mean = round((encoder_layers * tokens[1] + decoder_layers * decoder[1]) / (encoder_layers + decoder_layers))
-    read.append(f"encoder-decoder: {encoder_layers} encoder layers over {tokens[1]} positions and {decoder_layers} "
-                f"decoder layers over {decoder[1]} (the first decoder block's input): one stack of both at {mean}")
-    return tokens[0], mean
-
-
-def _positions(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], read: list[str]
-               ) -> tuple[Tokens | None, Tokens | None]:
-    """(what the blocks run over, where the first block's saved bytes were counted): the first token input, or the
-    first block's input where the model gets no token ids or the two disagree at the same batch."""
-    tokens = _token_input(rank0.get("inputs"))
-    if tokens:
-        read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
-    structure = model_doc.get("structure") or {}
-    blocks_see = _block_tokens(rank0, int(structure.get("hidden_size") or 0)) if structure else None
-    hf = model_doc.get("hf_config") or {}
-    if tokens and blocks_see and blocks_see[0] == tokens[0] and blocks_see[1] != tokens[1]:
-        if hf.get("is_encoder_decoder"):
-            return _encoder_decoder_tokens(hf, tokens, blocks_see, read), blocks_see
-        cross = int(structure.get("cross_attention_layers") or 0)
-        if 0 < cross < int(structure.get("num_layers") or 0):  # nn.Transformer's two stacks (inspect_model)
-            stacks = {"encoder_layers": int(structure["num_layers"]) - cross, "decoder_layers": cross}
-            return _encoder_decoder_tokens(stacks, tokens, blocks_see, read), blocks_see
-        # a script that feeds s + 1 ids and shifts them itself (inputs ids[:, :-1], targets ids[:, 1:]) runs its
-        # blocks over s positions: the blocks' sequence is the one that costs time and memory
-        read.append(f"the blocks run over {blocks_see[1]} positions (the first block's input)")
-        return blocks_see, blocks_see
-    if tokens is None and blocks_see:  # no token ids seen (a ViT's images, embeddings passed in)
-        read.append(f"input {blocks_see[0]} x {blocks_see[1]} vectors (micro-batch x sequence) at the first block")
-        return blocks_see, blocks_see
-    return tokens, tokens
-
-
 def _described(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str, tokens: Tokens | None,
                read: list[str], assumed: list[str]) -> tuple[ModelSpec, Tokens | None, bool]:
     """(spec, positions, whether it is a stand-in): the structure or config read, else the stand-in of the
@@ -448,10 +338,10 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         raise ValueError("the profiling run did not reach deepspeed.initialize")
     rank0 = next((d for d in ranks if d.get("rank") == 0), {})
     read, assumed = list(model_doc.get("read", [])), list(model_doc.get("assumed", []))
-    tokens, saved_at = _positions(model_doc, rank0, read)
+    tokens, saved_at = run_positions(model_doc, rank0, read)
     measured_len, input_lengths = None, ()
     if tokens is not None:
-        tokens, measured_len, input_lengths = _padded_per_batch([rank0, *(d for d in ranks if d is not rank0)],
+        tokens, measured_len, input_lengths = padded_per_batch([rank0, *(d for d in ranks if d is not rank0)],
                                                                 tokens, read)
     spec, tokens, stand_in = _described(model_doc, rank0, name, tokens, read, assumed)
     training = model_doc.get("training")
@@ -477,7 +367,7 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         read.append("activation checkpointing: on (the first block's modules run again in backward): every "
                     "configuration is costed with the blocks recomputed")
     elif not stand_in:
-        source = _token_input(rank0.get("inputs")) if spec.cross_attention_layers else None
+        source = token_input(rank0.get("inputs")) if spec.cross_attention_layers else None
         spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
                                                                      str(model_doc.get("dtype", "")), read,
                                                                      source[1] if source else None), 4))
