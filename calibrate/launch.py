@@ -36,7 +36,8 @@ from zerotune.calibrate.environment import collect_environment
 __all__ = ["read_hostfile", "check_accelerator_here", "ACCELERATOR_TOOLS", "ACCELERATOR_NODES", "LaunchSpec",
            "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
            "release_shm_buffers", "failure_reason", "write_json_atomic", "step_times_s", "StopRule", "POLL_S",
-           "step_phase_times_s", "allreduce_times_s", "tail_text", "Terminated", "terminate_as_interrupt"]
+           "step_phase_times_s", "allreduce_times_s", "backward_inner_times_s", "tail_text", "Terminated",
+           "terminate_as_interrupt"]
 
 TERMINATE_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a run is stopped: DeepSpeed's launcher forwards SIGTERM to
@@ -207,6 +208,16 @@ starts it after the backward's own work and stops it after allreduce_gradients; 
 def allreduce_times_s(stdout: str) -> tuple[float, ...]:
     """The engine's bwd_allreduce timer, seconds per optimizer step, in order, as printed."""
     return tuple(float(m.group(1)) / 1e3 for m in _ALLREDUCE_LINE.finditer(stdout))
+
+
+_BWD_INNER_LINE = re.compile(r"time \(ms\) \|[^\n]*?\| bwd_inner: ([0-9.]+)")
+"""The engine's backward less its gradient reduction, in the same global timer lines (runtime/engine.py backward:
+BACKWARD_INNER_GLOBAL_TIMER around the loss's backward, before _backward_epilogue's bwd_allreduce)."""
+
+
+def backward_inner_times_s(stdout: str) -> tuple[float, ...]:
+    """The engine's bwd_inner timer, seconds per optimizer step (its micro-steps summed), in order, as printed."""
+    return tuple(float(m.group(1)) / 1e3 for m in _BWD_INNER_LINE.finditer(stdout))
 
 
 def forward_times_s(stdout: str) -> tuple[float, ...]:

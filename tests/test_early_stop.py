@@ -170,3 +170,12 @@ def test_the_step_phase_and_zero_update_timers_come_from_the_engines_lines() -> 
 def test_the_forward_timer_comes_from_the_global_lines_not_the_micro_step_ones() -> None:
     from zerotune.calibrate.launch import forward_times_s
     assert forward_times_s(TIMER_LINES) == pytest.approx((0.00238, 0.002))  # fwd_microstep's line is not a step's
+
+
+def test_the_backward_less_its_reduction_comes_from_bwd_inner_not_its_micro_step_twin() -> None:
+    # DeepSpeed 0.19.8 prints bwd_inner_microstep in the micro-step line and bwd_inner in the global one (a residual
+    # MLP script's profiling run on this machine, 2026-11-29)
+    from zerotune.calibrate.launch import backward_inner_times_s
+    micro = ("[Rank 0] time (ms) | fwd_microstep: 2.16 | bwd_microstep: 30.30 | bwd_inner_microstep: 2.38 | "
+             "step_microstep: 13.38\n")
+    assert backward_inner_times_s(micro + TIMER_LINES) == pytest.approx((0.00264, 0.00264))

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from zerotune.calibrate.launch import (RunResult, allreduce_times_s, forward_times_s, launch, step_phase_times_s,
+from zerotune.calibrate.launch import (RunResult, allreduce_times_s, backward_inner_times_s, forward_times_s, launch,
+                                       step_phase_times_s,
                                       tail_text)
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import DSConfig
@@ -99,6 +100,9 @@ class ProfileOutcome:
     """The large copy into a fresh tensor the run timed (TuneSettings.device_fresh_copy_bytes_per_s)."""
     device_dropout_s_per_element: float | None = None
     """The dropout the run timed (TuneSettings.device_dropout_s_per_element)."""
+    backward_s: float | None = None
+    """The engine's bwd_inner timer (the backward less its gradient reduction), the same way as step_phase_s
+    (TuneSettings.profiled_backward_s)."""
 
 
 def _profile_measurement(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig, run: RunResult,
@@ -310,7 +314,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
     if measurement is not None:
         (run_dir / "measurement.jsonl").unlink(missing_ok=True)
         append_jsonl(run_dir / "measurement.jsonl", [measurement])
-    step_phase, update, reduced, forward = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
+    step_phase, update, reduced, forward, backward = _step_phase_s(run, at.end_profile_step - at.start_profile_step)
     oom = None if out_of_memory is None else Measurement(
         model=str(path), hardware=settings.hardware, num_nodes=settings.num_nodes, num_gpus_per_node=settings.num_gpus,
         seq_len=measured_seq_len, status="oom", source=str(first_dir),
@@ -320,15 +324,16 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
                           step_phase, update, reduced, profiled.copy_curve, oom, forward, profiled.input_lengths,
                           cfg.train_micro_batch_size_per_gpu,
                           cfg.zero.stage if crashed is not None and first_try is not None else 0,
-                          profiled.fresh_copy_bytes_per_s, profiled.dropout_s_per_element)
+                          profiled.fresh_copy_bytes_per_s, profiled.dropout_s_per_element, backward)
 
 
-def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, float | None, float | None, float | None]:
-    """(DeepSpeed's step timer, ZeRO's optimizer_step timer, the engine's bwd_allreduce timer, its fwd timer): medians
-    of the last `window` printed values (the measuring window, as window_step_s takes the step times), None where the
-    engine printed none."""
+def _step_phase_s(run: RunResult, window: int) -> tuple[float | None, ...]:
+    """(DeepSpeed's step timer, ZeRO's optimizer_step timer, the engine's bwd_allreduce timer, its fwd timer, its
+    bwd_inner timer): medians of the last `window` printed values (the measuring window, as window_step_s takes the
+    step times), None where the engine printed none."""
     stdout = tail_text(run.run_dir / "stdout.log")
-    printed = (*step_phase_times_s(stdout), allreduce_times_s(stdout), forward_times_s(stdout))
+    printed = (*step_phase_times_s(stdout), allreduce_times_s(stdout), forward_times_s(stdout),
+               backward_inner_times_s(stdout))
     return tuple(statistics.median(v[-max(window, 1):]) if v else None for v in printed)  # type: ignore[return-value]
 
 

@@ -103,6 +103,8 @@ class TuneSettings:
     allreduce_paced)."""
     profiled_forward_s: float | None = None
     """DeepSpeed's fwd timer in the profiling run, the same way (zerotune.validate.calibration.host_paced)."""
+    profiled_backward_s: float | None = None
+    """DeepSpeed's bwd_inner timer in the profiling run, the same way (zerotune.validate.calibration.micro_paced)."""
     input_lengths: tuple[int, ...] = ()
     """Positions of each padded batch the profiling run saw, where they varied (ProfiledRun.input_lengths; a collator
     that pads each batch to its longest sample): each configuration's time is costed at the expected longest of its

@@ -48,8 +48,8 @@ from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.predictor.rank import MAXIMISED, Metric, SpaceTable, Uncertainty, _band, evaluate_space, rank
 from zerotune.predictor.space import SearchSpace, explorable_on, space_from_ds_config
 from zerotune.predictor.units import GIB
-from zerotune.validate.calibration import (Calibration, allreduce_paced, calibration_for, host_paced, paced,
-                                           update_paced)
+from zerotune.validate.calibration import (Calibration, allreduce_paced, calibration_for, host_paced,
+                                           micro_paced, paced, update_paced)
 from zerotune.validate.experiments import (TRAINER_FLAGS, batch_as_given, check_arg_mappings, flag_value,
                                            optimal_ds_config, rewrite_args)
 from zerotune.validate.plan import build_job, check_parallelism
@@ -295,6 +295,7 @@ def tune(settings: TuneSettings, launcher: Launcher = launch, log: Callable[[str
     variants = {repr(v): v for v in (as_the_script_runs(v, settings) for v in space.variants)}
     space = trainable_space(settings, moe_space(settings, replace(space, variants=tuple(variants.values())), log))
     model = update_paced(paced(calibration_for(settings, log), settings, log), job, initial, settings, log)
+    model = micro_paced(model, job, initial, settings, log)
     model = host_paced(allreduce_paced(model, job, initial, settings, log), job, initial, settings, log)
     if initial:
         for line in _first_predictions(job, model, initial, at.metric):
@@ -431,6 +432,7 @@ def run_tune(args: argparse.Namespace, launcher: Launcher = launch) -> int:
                                script_precision=profiled.precision, script_moe=profiled.native_moe,
                                profiled_step_phase_s=profiled.step_phase_s, profiled_update_s=profiled.update_s,
                                profiled_allreduce_s=profiled.allreduce_s, profiled_forward_s=profiled.forward_s,
+                               profiled_backward_s=profiled.backward_s,
                                input_lengths=profiled.input_lengths, input_micro_batch=profiled.input_micro_batch,
                                script_min_stage=profiled.min_stage)
             initial = tuple(m for m in (profiled.out_of_memory, profiled.measurement) if m is not None)
