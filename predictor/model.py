@@ -134,7 +134,7 @@ class ModelSpec:
     logits_grad_subnormal_factor: float = 0.0
     """How many times longer the logits' backward GEMMs take at logits_grad_subnormal_share on the host that runs the
     job, as zerotune tune's profiling run timed it there (GEMMs with subnormal operands, interpolated to the share:
-    calibrate/profiling_site _subnormal_rate, validate/profiled.py); at least 1. 0: the hardware catalog's linear
+    calibrate/site_paces.py subnormal_rate, validate/profiled.py); at least 1. 0: the hardware catalog's linear
     term (1 + HardwareSpec.subnormal_gemm_slowdown x the share). How slow a subnormal operand is depends on the core:
     an Intel Xeon host ran 7x slower at 3%, an AMD EPYC host not slower at all at 3% or 17%."""
     hooked_modules_per_layer: int = 0

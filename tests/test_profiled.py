@@ -961,26 +961,22 @@ def test_a_device_too_slow_for_the_2048_matmul_is_timed_at_512(monkeypatch, budg
     # bf16 on a CPU without bf16 units ran the 2048^3 product at 0.27 GFLOP/s, 64 s each, seven times: one
     # profiling run took 7.5 minutes. A product that would pass the budget is timed at 512^3, one of the
     # calibration's squares too (data/profiles/cpu.json), so the pace still compares like with like.
-    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
-    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(site)  # type: ignore[union-attr]
-    monkeypatch.setattr(site, "MATMUL_BUDGET_S", budget_s)
+    from zerotune.calibrate import site_paces  # what the profiling site loads from its file (calibrate/site_paces.py)
+    monkeypatch.setattr(site_paces, "MATMUL_BUDGET_S", budget_s)
 
     class Engine:
         def bfloat16_enabled(self) -> bool:
             return False
 
-    rate = site._matmul_rate(Engine())
+    rate = site_paces.matmul_rate(Engine())
     assert (rate["m"], rate["dtype"]) == (edge, "fp32") and rate["flops_per_s"] > 0
 
 
 def test_the_subnormal_check_times_the_hosts_gemms_at_three_shares_and_reads_back_a_factor() -> None:
-    # calibrate/profiling_site _subnormal_rate on this machine, then the factor validate/profiled reads from it: at
+    # calibrate/site_paces.py subnormal_rate on this machine, then the factor validate/profiled reads from it: at
     # least 1 whatever the host (an Intel host's assists make it several, an AMD EPYC host's about 1)
-    spec = importlib.util.spec_from_file_location("zt_profiling_site", PROFILING_SITE / "sitecustomize.py")
-    site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(site)  # type: ignore[union-attr]
-    check = site._subnormal_rate()
+    from zerotune.calibrate import site_paces
+    check = site_paces.subnormal_rate()
     assert check["shares"] == [0.0, 0.03, 0.3, 0.0] and len(check["seconds"]) == 4
     assert all(t > 0 for t in check["seconds"])
     from zerotune.validate.profiled import _subnormal_factor
@@ -1010,8 +1006,8 @@ def test_the_logits_gradients_subnormal_share_is_the_median_of_the_backward_pass
 ])
 def test_the_hosts_own_subnormal_slowdown_replaces_the_catalogs(tmp_path: Path, seconds: list[float],
                                                                  factor: float) -> None:
-    """The profiling run times GEMMs with 0, 3% and 30% subnormal operands on its host (calibrate/profiling_site
-    _subnormal_rate); the logits' backward GEMMs are costed with that host's slowdown at the share the run read
+    """The profiling run times GEMMs with 0, 3% and 30% subnormal operands on its host (calibrate/site_paces.py
+    subnormal_rate); the logits' backward GEMMs are costed with that host's slowdown at the share the run read
     (ModelSpec.logits_grad_subnormal_factor), not the catalog's Intel-measured x(1 + 195 x share): on a host without
     microcode assists a script whose logits' gradient was 17% subnormal had been predicted 2.8x too slow."""
     prefix = tmp_path / "profiled"
@@ -1440,7 +1436,7 @@ def test_the_matmul_check_is_taken_again_at_exit_and_the_faster_kept(tmp_path: P
     class Engine:  # fp32: neither bf16 nor fp16
         pass
     path = tmp_path / "profile.rank0.json"
-    edge = site._matmul_rate(Engine())["m"]  # 2048 here; a device too slow for it times a smaller product
+    edge = site._paces().matmul_rate(Engine())["m"]  # 2048 here; a device too slow for it times a smaller product
     slow = {"m": edge, "n": edge, "k": edge, "dtype": "fp32", "flops_per_s": 1.0}
     state = {"matmul": dict(slow)}
     site._recheck_matmul(Engine(), state, str(path))

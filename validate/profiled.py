@@ -419,7 +419,7 @@ def _subnormal_logits(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str]
 
 def _subnormal_factor(doc: Any, share: float) -> float | None:
     """The slowdown of a GEMM whose operand holds `share` of subnormal values on the profiling run's host: its
-    subnormal check's times over the faster normal one (calibrate/profiling_site _subnormal_rate), interpolated
+    subnormal check's times over the faster normal one (calibrate/site_paces.py subnormal_rate), interpolated
     linearly in the share, flat beyond the largest share timed (an assist per vector instruction with any subnormal
     lane: the cost saturates as the share grows); at least 1. None when the check did not run or failed."""
     if not isinstance(doc, dict):
