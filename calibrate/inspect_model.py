@@ -444,7 +444,7 @@ def _cross_attention_stacks(model: nn.Module, name: str, blocks: nn.Module, h: i
     (nn.TransformerDecoderLayer: self-attention, then attention over a memory), each a cross-attention sub-block; {}
     where none has. A stack of the same width beside them (nn.Transformer's encoder.layers and decoder.layers,
     whichever find_blocks chose) is one stack with them, the encoder's blocks without cross-attention, the way the
-    catalog describes T5 and BART (predictor/catalog.py _hf_layers)."""
+    catalog describes T5 and BART (predictor/hf_config.py _hf_layers)."""
     def attentions(stack: nn.Module) -> int:
         return sum(isinstance(m, nn.MultiheadAttention) for m in stack[0].modules())
 

@@ -1,6 +1,7 @@
 """zerotune's predictor: analytical memory and step-time model of DeepSpeed ZeRO 0-3. Pure Python, no torch."""
 
-from zerotune.predictor.catalog import list_hardware, list_models, load_hardware, load_model, model_from_hf_config
+from zerotune.predictor.catalog import list_hardware, list_models, load_hardware, load_model
+from zerotune.predictor.hf_config import model_from_hf_config
 from zerotune.predictor.dsconfig import DSConfig, ZeroConfig, experiment_name
 from zerotune.predictor.ds_json import parse_ds_config, to_ds_config
 from zerotune.predictor.hardware import ClusterSpec, HardwareSpec

@@ -469,7 +469,7 @@ def test_hf_config_names_where_eager_attention_leaves_16_bits(model_type: str, u
     # transformers 5: gpt_neo / gptj cast query and key to fp32 before the score matmul; llama's and opt's eager
     # attention run softmax(..., dtype=torch.float32) and cast back; gpt2's and bert's softmax stays in the input's
     # dtype (their modeling files' attention functions)
-    from zerotune.predictor.catalog import model_from_hf_dict
+    from zerotune.predictor.hf_config import model_from_hf_dict
     cfg = {"model_type": model_type, "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
            "vocab_size": 1000, "intermediate_size": 1024, "max_position_embeddings": 512}
     assert model_from_hf_dict(cfg, model_type, "").attention_upcast == upcast

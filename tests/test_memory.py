@@ -307,7 +307,7 @@ def test_deberta_block_keeps_what_autograd_saves() -> None:
     # shared by the batch) and the padding mask (one byte a score per sample, not per head). Measured on the GPU
     # grid too (tests/test_gpu_grid.py).
     tf = pytest.importorskip("transformers")
-    from zerotune.predictor.catalog import model_from_hf_dict
+    from zerotune.predictor.hf_config import model_from_hf_dict
 
     def config(layers: int):
         return tf.DebertaV2Config(hidden_size=256, num_hidden_layers=layers, num_attention_heads=4,
@@ -352,7 +352,7 @@ def test_a_blocks_activation_bytes_are_what_autograd_saves(family: str) -> None:
     # attention and MLP side by side. Within 3% (measured when written: 0-1% each; before the norm, repeat, ReLU,
     # upcast and parallel-residual terms Llama read -15%, OPT +22%, GPT-NeoX +5%, Phi +6%).
     tf = pytest.importorskip("transformers")
-    from zerotune.predictor.catalog import model_from_hf_dict
+    from zerotune.predictor.hf_config import model_from_hf_dict
     cls, kwargs, layers_key = _FAMILIES[family]
 
     def config(layers: int):
@@ -377,7 +377,7 @@ def test_dropout_masks_are_one_byte_an_element_as_cuda_keeps_them(family: str) -
     # native_dropout keeps a bool one: autograd on this CPU saves exactly one byte more per mask element than the
     # formula's one byte (two masks of the hidden width and one over the scores, per token), nothing else.
     tf = pytest.importorskip("transformers")
-    from zerotune.predictor.catalog import model_from_hf_dict
+    from zerotune.predictor.hf_config import model_from_hf_dict
     cls, kwargs, layers_key = _FAMILIES[family]
 
     def config(layers: int):

@@ -347,7 +347,7 @@ def test_distilberts_config_width_key_is_read(tmp_path: Path) -> None:
     """DistilBERT states its width as `dim`: its config was skipped ("without a vocabulary") and the modules read
     instead. The key lists of the catalog and of the file that runs in the user's process agree."""
     from zerotune.calibrate import inspect_model
-    from zerotune.predictor.catalog import HF_WIDTH_KEYS
+    from zerotune.predictor.hf_config import HF_WIDTH_KEYS
     assert inspect_model.HF_WIDTH_KEYS == HF_WIDTH_KEYS and "dim" in HF_WIDTH_KEYS
     transformers = pytest.importorskip("transformers")
     config = transformers.DistilBertConfig(vocab_size=3000, dim=128, n_layers=2, n_heads=4, hidden_dim=512)
@@ -909,7 +909,7 @@ def test_the_activation_is_read_from_the_block(activation: str) -> None:
     s = describe(_TorchEncoder(activation))["structure"]
     assert (s["num_layers"], s["hidden_size"], s["ffn_hidden_size"], s["activation"]) == (2, 64, 256, activation)
     transformers = pytest.importorskip("transformers")
-    from zerotune.predictor.catalog import model_from_hf_dict
+    from zerotune.predictor.hf_config import model_from_hf_dict
     qwen = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                     num_key_value_heads=1, vocab_size=500)
     assert model_from_hf_dict(qwen.to_dict(), "qwen", "test").activation == "silu"
@@ -942,7 +942,7 @@ def test_a_decoder_blocks_cross_attention_keeps_the_sources_positions() -> None:
     to every block; with the source's positions the two agree within 30% (transformers 5.24, eager attention)."""
     transformers = pytest.importorskip("transformers")
     from zerotune.predictor.activations import layer_activation_bytes
-    from zerotune.predictor.catalog import model_from_hf_dict
+    from zerotune.predictor.hf_config import model_from_hf_dict
     config = transformers.T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=512, num_layers=4, num_decoder_layers=4,
                                    num_heads=4, decoder_start_token_id=0, pad_token_id=0, attn_implementation="eager")
     model = transformers.T5ForConditionalGeneration(config)

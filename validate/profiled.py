@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 from zerotune.predictor.activations import layer_activation_bytes
-from zerotune.predictor.catalog import HF_WIDTH_KEYS, model_from_hf_dict
+from zerotune.predictor.hf_config import HF_WIDTH_KEYS, model_from_hf_dict
 from zerotune.predictor.dsconfig import OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec

@@ -82,7 +82,7 @@ def padded_per_batch(ranks: Sequence[Mapping[str, Any]], tokens: Tokens, read: l
 def _encoder_decoder_tokens(hf: Mapping[str, Any], tokens: Tokens, decoder: Tokens, read: list[str]) -> Tokens:
     """(micro-batch, positions) of an encoder-decoder (T5, BART by their config; nn.Transformer by its two stacks of
     modules, `hf` then holding only encoder_layers and decoder_layers) described as one stack of both (the catalog's
-    zerotune.predictor.catalog._hf_layers): the encoder runs over the input ids' length, the decoder over its own
+    zerotune.predictor.hf_config._hf_layers): the encoder runs over the input ids' length, the decoder over its own
     (the repeated block the hook sees is the decoder's, the larger with its cross-attention); the stack runs at
     their layer-weighted mean, so its layers x positions, what the GEMMs and activations scale with, are the
     model's."""
