@@ -19,8 +19,7 @@ from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
 __all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "cache_gain", "update_paced",
            "allreduce_paced", "host_paced", "micro_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL",
-           "TRANSFER_SHARED_VARIANCE",
-           "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
+           "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
 
 
 @dataclass(frozen=True)
@@ -240,7 +239,7 @@ def update_paced(model: Calibration, job: Job, initial: Sequence[Measurement], s
                                                  step_overhead_s=overhead))
     if settings.profiled_update_s is None and measured <= rest and (measured >= update or update <= rest):
         return model  # what the step timer leaves is no larger than the model's own share subtracted: not a timing
-    ratio = _clip_pace(max(measured, 0.0) / update)
+    ratio = _clip_pace(measured / update)  # measured >= 0 here: a timer shorter than the rest returned above
     what = "optimizer_step timer" if settings.profiled_update_s is not None else "step timer less the rest of its step"
     log(f"zerotune tune: the optimizer's update took {measured * 1e3:.4g} ms in the profiling run (DeepSpeed's "
         f"{what}) against {update * 1e3:.4g} predicted: updates predicted x{ratio:.3g} as long")

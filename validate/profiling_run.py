@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from zerotune.calibrate.launch import (RunResult, allreduce_times_s, backward_inner_times_s, forward_times_s, launch,
-                                       step_phase_times_s,
-                                      tail_text)
+                                      step_phase_times_s, tail_text)
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import DSConfig
 from zerotune.predictor.dsconfig import AUTO, OptimizerImpl

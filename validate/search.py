@@ -123,14 +123,22 @@ def _second_stage(cands: Candidates, observations: Sequence[Observation], likely
     return likely & np.array([cands.families[k][0] != stage for k in cands.family])
 
 
-def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
-           done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
-    """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
+def _corrected(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty
+               ) -> tuple[Posterior, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(posterior, p(fit), the model's optimistic bound, goodness and optimistic bound after DeepSpeed's structural
+    bounds) of every candidate given the observations; goodness is log metric, corrected."""
     post = posterior(cands, observations, uncertainty)
     p_fit = fit_probabilities(cands, observations, uncertainty)
     predicted = cands.gain - np.log(cands.step_s) - post.mean
     banded = predicted + BAND_Z * post.std
     goodness, bound = dominated(cands, observations, predicted, banded, p_fit)
+    return post, p_fit, banded, goodness, bound
+
+
+def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
+           done: np.ndarray, min_gain_rel: float | None = None) -> Choice:
+    """The next experiment, or a stop when no configuration not yet run can beat the measured best."""
+    post, p_fit, banded, goodness, bound = _corrected(cands, observations, uncertainty)
     held = bound < banded  # bounded by DeepSpeed's structure, not by the model's band
     std = np.maximum((bound - goodness) / BAND_Z, 1e-9)
     open_ = ~done & (p_fit > 0)
@@ -213,11 +221,7 @@ def _settles(cands: Candidates, observations: Sequence[Observation], uncertainty
     family = cands.families[cands.family[index]]
     hypothesis = Observation(family, int(cands.micro_batch[index]), float(cands.step_s[index]),
                              float(cands.memory_ratio[index]), "ok", step_s, index)
-    seen = [*observations, hypothesis]
-    after = posterior(cands, seen, uncertainty)
-    p_fit = fit_probabilities(cands, seen, uncertainty)
-    predicted = cands.gain - np.log(cands.step_s) - after.mean
-    _, bound = dominated(cands, seen, predicted, predicted + BAND_Z * after.std, p_fit)
+    _, p_fit, _, _, bound = _corrected(cands, [*observations, hypothesis], uncertainty)
     best = float(cands.gain[index]) - math.log(step_s)
     margin = MIN_GAIN_REL if min_gain_rel is None else min_gain_rel
     stage = np.array([cands.families[k][0] == family[0] for k in cands.family])

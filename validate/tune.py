@@ -54,7 +54,7 @@ from zerotune.validate.experiments import (TRAINER_FLAGS, batch_as_given, check_
                                            optimal_ds_config, rewrite_args)
 from zerotune.validate.plan import build_job, check_parallelism
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
-from zerotune.validate.profiled import expected_longest
+from zerotune.validate.profiled_inputs import expected_longest
 from zerotune.validate.profiling_run import (as_the_script_runs, moe_space, profile_model, trainable_space,
                                              with_script_optimizer)
 from zerotune.validate.results import (ExperimentResult, Layout, best_result, format_summary, lr_advice, near_ties,
@@ -332,7 +332,7 @@ def padding_paced(table: SpaceTable, job: Job, space: SearchSpace, efficiency: E
                   settings: TuneSettings) -> SpaceTable:
     """The space's step times where the script pads each batch to its longest sample (TuneSettings.input_lengths):
     a micro-batch of b samples on d data-parallel ranks goes at the pace of the longest of b x d samples, whose
-    expected length (validate.profiled.expected_longest over the profiling run's batches) grows with b, where
+    expected length (validate.profiled_inputs.expected_longest over the profiling run's batches) grows with b, where
     memory stays costed at the longest seen (the job's seq_len). Each distinct length is one evaluation of the
     space. Seen on this project's CPU VM (2026-11-28): an encoder over lengths 32-250 measured 15.8 samples/s at
     micro-batch 1 in its profiling run and 13.6-14.0 at micro-batches 6-14, which the model, costing every
