@@ -487,3 +487,28 @@ def test_a_measured_peak_pins_the_memory_scale_tightest_in_its_own_family() -> N
     # Without a measured peak, the status-only band for every candidate.
     low, high = candidate_memory_bounds(cands, [_observe(cands, 0, 1.0)], U)
     assert list(zip(low, high)) == [pytest.approx(memory_bounds([_observe(cands, 0, 1.0)], U))] * len(cands)
+
+
+def test_a_neighbour_of_the_measured_best_is_not_run_for_that_measurements_noise() -> None:
+    """The decoder fixture (2026-11-29): micro-batch 14 ran third beside a measured 13, predicted 1.5% better; its
+    band reached 5.7% above the measurement, all of it the noise of that one measurement, which the two share. The
+    stopping rule asks how far the neighbour can beat the best's own posterior, by the difference's uncertainty
+    (errors.difference_std); a neighbour predicted 8% better is still run."""
+    families = ((0, "none", "none", False, 1, 1), (1, "none", "none", False, 1, 1))
+    family, mbs = np.array([0, 0, 1]), np.array([13, 14, 32])
+
+    def cands_for(gain_rel: float) -> Candidates:
+        steps = np.array([1.0, 14 / 13 / (1 + gain_rel), 32 / 13 / 0.97])
+        return Candidates(families, family, mbs, steps, np.array([0.3] * 3), np.log(mbs.astype(float)))
+
+    transfer = Uncertainty(step_time_rel=0.164, memory_rel=0.08)  # the CPU profile's band on another model
+    cands = cands_for(0.015)
+    ran = [replace(_observe(cands, 0, 1.0), noise_std=0.022), _observe(cands, 2, float(cands.step_s[2]))]
+    done = np.array([True, False, True])
+    post = posterior(cands, ran, transfer)
+    goodness = np.log(mbs / cands.step_s) - post.mean
+    assert goodness[1] + BAND_Z * post.std[1] - math.log(13.0) > math.log1p(0.05)  # its band alone would run it
+    stop = choose(cands, ran, transfer, done)
+    assert stop.index is None and "within the 5% margin" in stop.reason
+    further = cands_for(0.08)
+    assert choose(further, ran, transfer, done).index == 1

@@ -73,7 +73,7 @@ import numpy as np
 from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.candidates import MEASURED, NOISE_STD, Candidates, FamilyKey, Observation
 
-__all__ = ["Posterior", "posterior", "memory_bounds", "candidate_memory_bounds", "fit_probability",
+__all__ = ["Posterior", "posterior", "difference_std", "memory_bounds", "candidate_memory_bounds", "fit_probability",
            "fit_probabilities", "BAND_Z", "MEMORY_Z", "SHARES", "MEASURED_MEMORY_REL", "MEASURED_MEMORY_OTHER_REL",
            "MEASURED_MEMORY_ABS"]
 
@@ -248,6 +248,23 @@ def _kernel(fam_a: np.ndarray, mb_a: np.ndarray, fam_b: np.ndarray, mb_b: np.nda
 
 def posterior(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty) -> Posterior:
     """The corrected log step-time error of every candidate, given the measured ones."""
+    return _conditioned(cands, observations, uncertainty)[0]
+
+
+def difference_std(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
+                   index: int) -> np.ndarray:
+    """Per candidate, the posterior standard deviation of its log step-time error less candidate `index`'s:
+    sqrt(var_a + var_b - 2 cov(a, b)), unfloored. Small for a measured configuration's neighbour, whose error is
+    mostly the measured one's, whatever noise that measurement carried (Posterior.std alone is floored at the
+    noise, and it is the difference that decides whether the neighbour can beat it)."""
+    _, variance, cov = _conditioned(cands, observations, uncertainty, index)
+    return np.sqrt(np.maximum(variance + variance[index] - 2 * cov, 0.0))
+
+
+def _conditioned(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty,
+                 index: int | None = None) -> tuple[Posterior, np.ndarray, np.ndarray]:
+    """(the posterior, the posterior variance unfloored, and when `index` is given the posterior covariance of every
+    candidate with it, else an empty array)."""
     ok = [o for o in observations if o.status in MEASURED and o.step_s]
     errors = np.array([math.log(o.step_s / o.predicted_step_s) for o in ok])  # type: ignore[operator]
     families = list(cands.families) + [o.family for o in ok if o.family not in cands.families]
@@ -257,19 +274,26 @@ def posterior(cands: Candidates, observations: Sequence[Observation], uncertaint
     var = _variances(uncertainty, families, centre, errors, [o.family for o in ok], np.log2(obs_mb.astype(float)),
                      noise_var)
     prior_var = var.total(cands.micro_batch)
-    if not ok:
-        return Posterior(np.zeros(len(cands)), np.sqrt(prior_var))
-    index = {f: i for i, f in enumerate(families)}
     fam_k = _family_kernel(families, families, var)
-    obs_fam = np.array([index[o.family] for o in ok])
+    cov = np.empty(0)
+    if index is not None:
+        at = np.array([index])
+        cov = _kernel(cands.family, cands.micro_batch, cands.family[at], cands.micro_batch[at], fam_k, var)[:, 0]
+        cov[index] += var.own
+    if not ok:
+        return Posterior(np.zeros(len(cands)), np.sqrt(prior_var)), prior_var, cov
+    lookup = {f: i for i, f in enumerate(families)}
+    obs_fam = np.array([lookup[o.family] for o in ok])
     k_oo = _kernel(obs_fam, obs_mb, obs_fam, obs_mb, fam_k, var)
     k_oo += np.diag(var.own + noise_var)
     chol = np.linalg.cholesky(k_oo)
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, errors))
     k_co = _kernel(cands.family, cands.micro_batch, obs_fam, obs_mb, fam_k, var)
     v = np.linalg.solve(chol, k_co.T)
-    variance = np.maximum(prior_var - np.sum(v ** 2, axis=0), NOISE_STD ** 2)
-    return Posterior(k_co @ alpha, np.sqrt(variance))
+    variance = prior_var - np.sum(v ** 2, axis=0)
+    if index is not None:
+        cov = cov - v.T @ v[:, index]
+    return Posterior(k_co @ alpha, np.sqrt(np.maximum(variance, NOISE_STD ** 2))), variance, cov
 
 # -- memory ---------------------------------------------------------------------------------------------------
 
