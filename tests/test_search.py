@@ -512,3 +512,14 @@ def test_a_neighbour_of_the_measured_best_is_not_run_for_that_measurements_noise
     assert stop.index is None and "within the 5% margin" in stop.reason
     further = cands_for(0.08)
     assert choose(further, ran, transfer, done).index == 1
+
+
+def test_a_first_experiment_barely_cheaper_than_the_best_is_not_taken_for_it() -> None:
+    """The residual MLP fixture's tune (2026-11-29) ran micro-batch 127 first, under 1% cheaper than 128 and
+    settling it, so 128 never ran; a cheaper first run must save at least the margin it may forgo."""
+    step = [1.0, 2.0 * 0.999, 5.0, 10.0, 5.0, 10.0]  # mbs 8 0.1% faster per sample, its step 2x mbs 4's
+    narrow = Uncertainty(step_time_rel=0.1, memory_rel=0.1)
+    done = np.zeros(6, dtype=bool)
+    for startup, first_mb in ((1.0, 4), (1000.0, 8)):  # a step's cost matters against start-up, or it does not
+        cands = _cands(step_s=step, ratio=[0.2] * 6).with_cost(startup, 6)
+        assert int(cands.micro_batch[choose(cands, [], narrow, done).index]) == first_mb, startup

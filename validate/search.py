@@ -174,7 +174,9 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
         # is measured (the nanoGPT fixture's tune, 2026-11-29: micro-batch 5 first, predicted 14% under
         # micro-batch 28 and within 5% of it by p(fit), then micro-batch 28 anyway). Cheapest by value per second
         # had taken the encoder fixture's micro-batch 5 (predicted 12.1 samples/s, 14 s) over its 32 (16.2, 46 s),
-        # and the weak incumbent let six more experiments beat it by their bands.
+        # and the weak incumbent let six more experiments beat it by their bands. The cheaper one must save at
+        # least MIN_GAIN_REL of the best's cost: the residual MLP's tune (2026-11-29) ran micro-batch 127 for a
+        # saving of under 1% against 128, which was then never run.
         likely = open_ & (p_fit >= 0.5)
         pool = likely if likely.any() else open_
         if not likely.any():
@@ -184,8 +186,8 @@ def choose(cands: Candidates, observations: Sequence[Observation], uncertainty: 
         top = int(np.argmax(value))
         near = pool & (value >= value[top] - math.log1p(max(MIN_GAIN_REL, 0.0)))
         for i in np.argsort(np.where(near, log_cost, np.inf), kind="stable"):
-            if not near[i] or log_cost[i] >= log_cost[top]:
-                break
+            if not near[i] or log_cost[i] > log_cost[top] + math.log1p(-MIN_GAIN_REL):
+                break  # not cheaper by the margin: a saving smaller than the gain it may forgo is not worth it
             if _settles(cands, observations, uncertainty, open_, int(i), post, min_gain_rel):
                 return _choice(cands, int(i), goodness, std, post, p_fit)
         return _choice(cands, top, goodness, std, post, p_fit)
