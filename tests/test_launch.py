@@ -206,3 +206,19 @@ def test_an_accelerator_named_in_ds_accelerator_that_this_machine_has_not_is_ref
     (tmp_path / "no-device").mkdir()  # a device node: a GPU named here is taken to be here
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
     check_accelerator_here("gpu", "h100-80gb", None)
+
+
+def test_a_run_folders_environment_names_the_installed_versions_without_importing_them() -> None:
+    # environment.json beside every run: importing torch and DeepSpeed for it cost the tune 1.4-2.3 s before its
+    # first launch; the installed packages' metadata says the same versions
+    import subprocess
+    import sys
+    code = ("import sys, json; from zerotune.calibrate.environment import collect_environment; "
+            "env = collect_environment(query_device=False); "
+            "print(json.dumps([env['torch'], env['deepspeed'], 'torch' in sys.modules, 'deepspeed' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    torch_version, ds_version, torch_imported, ds_imported = json.loads(out.strip().splitlines()[-1])
+    import deepspeed
+    import torch
+    assert (torch_version, ds_version) == (torch.__version__, deepspeed.__version__)
+    assert not torch_imported and not ds_imported
