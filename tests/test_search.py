@@ -456,7 +456,7 @@ def test_a_configuration_past_the_memory_bands_edge_is_not_run_after_the_first()
 def test_a_fit_below_an_oom_that_moved_the_band_caps_it() -> None:
     """The order of the runs does not matter: an OOM beyond the band's edge moves the band up, and a run that then
     fitted at a smaller predicted need caps it from above, so the micro-batch between them has an even chance
-    (tests/test_tune_logic.py's fake run: micro-batch 8 killed under the cap, 6 fitted, 7 offered at p = 0.5;
+    (tests/tune_fakes.py's fake run: micro-batch 8 killed under the cap, 6 fitted, 7 offered at p = 0.5;
     before, the band kept its moved top and 7 stood at p = 0.01)."""
     cands = _cands(ratio=[0.5, 0.4, 0.5, 0.5, 0.5, 0.5])
     bounds = memory_bounds([_observe(cands, 0, 0.0, "oom"), _observe(cands, 1, 1.0)], U)
