@@ -3,7 +3,7 @@
 Every run is the same workload (benchmarks/ds_workload.py, or the job's user script) launched fresh through
 zerotune.calibrate.launch, with autotuning switched off so every step runs to the end. The built-in workload
 times its own steps (median after warm-up); a user's script is timed by DeepSpeed's engine (wall_clock_breakdown:
-one timer line per step, calibrate/launch.py step_times_s), the median of the steps after warm-up. Alternating
+one timer line per step, calibrate/engine_timers.py step_times_s), the median of the steps after warm-up. Alternating
 the two configurations spreads slow phases of a shared machine over both instead of one.
 """
 

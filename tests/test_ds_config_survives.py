@@ -13,7 +13,7 @@ import pytest
 
 from zerotune.calibrate.launch import LaunchSpec, RunResult
 from zerotune.predictor import parse_ds_config, to_ds_config
-from zerotune.predictor.ds_json import REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
+from zerotune.predictor.ds_keys import REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS
 from zerotune.validate.experiments import UserCommand
 from zerotune.validate.settings import BUILTIN_SCRIPT, TuneSettings
 from zerotune.validate.tune import tune

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch, step_times_s
+from zerotune.calibrate.engine_timers import step_times_s
+from zerotune.calibrate.launch import LaunchSpec, RunResult, free_port, launch
 from zerotune.calibrate.measurement import read_jsonl
 from zerotune.predictor import experiment_name, parse_ds_config
 from zerotune.validate.experiments import UserCommand
@@ -159,7 +160,7 @@ def test_a_real_run_is_stopped_on_its_logged_steps(tmp_path: Path) -> None:
 def test_the_step_phase_and_zero_update_timers_come_from_the_engines_lines() -> None:
     # DeepSpeed 0.19.8's lines from a ZeRO-1 profiling run on this machine (tests/fixtures/scripts/mixtral_moe_loop.py):
     # the engine's global timers, then ZeRO's optimizer timers (stage_1_and_2.py: the update alone is optimizer_step)
-    from zerotune.calibrate.launch import step_phase_times_s
+    from zerotune.calibrate.engine_timers import step_phase_times_s
     zero1 = TIMER_LINES + ("[Rank 0] time (ms) | optimizer_allgather: 67.28 | optimizer_gradients: 8.71 | "
                            "optimizer_step: 62.36\n")
     steps, updates = step_phase_times_s(zero1)
@@ -168,14 +169,14 @@ def test_the_step_phase_and_zero_update_timers_come_from_the_engines_lines() -> 
 
 
 def test_the_forward_timer_comes_from_the_global_lines_not_the_micro_step_ones() -> None:
-    from zerotune.calibrate.launch import forward_times_s
+    from zerotune.calibrate.engine_timers import forward_times_s
     assert forward_times_s(TIMER_LINES) == pytest.approx((0.00238, 0.002))  # fwd_microstep's line is not a step's
 
 
 def test_the_backward_less_its_reduction_comes_from_bwd_inner_not_its_micro_step_twin() -> None:
     # DeepSpeed 0.19.8 prints bwd_inner_microstep in the micro-step line and bwd_inner in the global one (a residual
     # MLP script's profiling run on this machine, 2026-11-29)
-    from zerotune.calibrate.launch import backward_inner_times_s
+    from zerotune.calibrate.engine_timers import backward_inner_times_s
     micro = ("[Rank 0] time (ms) | fwd_microstep: 2.16 | bwd_microstep: 30.30 | bwd_inner_microstep: 2.38 | "
              "step_microstep: 13.38\n")
     assert backward_inner_times_s(micro + TIMER_LINES) == pytest.approx((0.00264, 0.00264))

@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from zerotune.calibrate.launch import (RunResult, allreduce_times_s, backward_inner_times_s, forward_times_s, launch,
-                                      step_phase_times_s, tail_text)
+from zerotune.calibrate.engine_timers import (allreduce_times_s, backward_inner_times_s, forward_times_s,
+                                             step_phase_times_s)
+from zerotune.calibrate.launch import RunResult, launch, tail_text
 from zerotune.calibrate.measurement import Measurement, append_jsonl
 from zerotune.predictor import DSConfig
 from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
