@@ -32,7 +32,7 @@ from zerotune.predictor import DSConfig, estimate
 from zerotune.predictor.units import GIB
 from zerotune.validate.experiments import experiment_ds_config, read_ds_config, rewrite_args, split_user_command
 from zerotune.validate.plan import build_job
-from zerotune.validate.profiled import profiling_env
+from zerotune.validate.site_env import profiling_env
 from zerotune.validate.settings import autotuning_of
 from zerotune.validate.calibration import load_profile_for
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from zerotune.predictor import load_model
-from zerotune.validate.profiled import (PROFILING_SITE, model_yaml, peak_env, profiling_env, read_peak_bytes,
-                                       read_profiled)
+from zerotune.validate.profiled import model_yaml, read_profiled
+from zerotune.validate.site_env import PROFILING_SITE, peak_env, profiling_env, read_peak_bytes
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")

@@ -198,10 +198,10 @@ def test_interrupted_tune_resumes_and_skips_finished_experiments(tmp_path: Path,
 def test_each_experiments_peak_memory_is_read_from_its_ranks_and_kept_for_a_rerun(tmp_path: Path,
                                                                                    budget_ends_it: None) -> None:
     """Every experiment runs with the profiling site first on PYTHONPATH and ZEROTUNE_PEAK_OUT naming where its ranks
-    write their peak at exit (validate.profiled.peak_env); the largest rank's is the experiment's, in exp.json and
+    write their peak at exit (validate.site_env.peak_env); the largest rank's is the experiment's, in exp.json and
     measurements.jsonl, and a rerun that resumes the experiment reads it back (the search's memory scale uses it).
     The user's environment and the optimal command stay free of it."""
-    from zerotune.validate.profiled import PROFILING_SITE
+    from zerotune.validate.site_env import PROFILING_SITE
     settings = replace(fake_settings(tmp_path, [6, 8], [0], top_k=2), env={"PYTHONPATH": "/user/lib"})
     fake = FakeLauncher()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +30,9 @@ from zerotune.predictor.hardware import Precision
 from zerotune.predictor.model import ModelSpec
 from zerotune.validate.profiled_inputs import Tokens, expected_longest, padded_per_batch, run_positions, token_input
 
-__all__ = ["PROFILING_SITE", "peak_env", "read_peak_bytes", "MatmulPace", "ProfiledRun", "profiling_env",
-           "read_profiled", "step_rel_error", "expected_longest", "model_yaml", "precision_of_dtype"]
+__all__ = ["MatmulPace", "ProfiledRun", "read_profiled", "step_rel_error", "steps_rel_error", "expected_longest",
+           "model_yaml", "precision_of_dtype"]
 
-PROFILING_SITE = Path(__file__).resolve().parent.parent / "calibrate" / "profiling_site"
 RECOMPUTED_CALLS = 2
 """Forward calls of the first block, or of its first module with parameters (a script that checkpoints a method of
 its block), per micro-step when activation checkpointing recomputes it in backward."""
@@ -103,36 +101,6 @@ class ProfiledRun:
     engine_config: Mapping[str, Any] | None = None
     """The engine's ZeRO stage, gradient accumulation and whether its autotuning section is on (zero_stage,
     gradient_accumulation_steps, autotuning), as the script built it; None when no step was recorded."""
-
-
-def peak_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
-    """An experiment's added environment: the profiling site first on PYTHONPATH, writing only each rank's peak
-    memory at exit to <prefix>.rank<R>.json (read_peak_bytes)."""
-    return {**env, "PYTHONPATH": _site_first(env), "ZEROTUNE_PEAK_OUT": str(prefix)}
-
-
-def read_peak_bytes(prefix: Path) -> float | None:
-    """The largest peak memory any rank of an experiment wrote (peak_env), or None where none did."""
-    peaks = []
-    for path in prefix.parent.glob(f"{prefix.name}.rank*.json"):
-        try:
-            value = json.loads(path.read_text()).get("peak_memory_bytes")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(value, (int, float)) and value > 0:
-            peaks.append(float(value))
-    return max(peaks) if peaks else None
-
-
-def profiling_env(env: Mapping[str, str], prefix: Path) -> dict[str, str]:
-    """The run's added environment: the profiling site first on PYTHONPATH, the output prefix."""
-    return {**env, "PYTHONPATH": _site_first(env), "ZEROTUNE_PROFILE_OUT": str(prefix)}
-
-
-def _site_first(env: Mapping[str, str]) -> str:
-    """PYTHONPATH with the profiling site first, then the user's (the run's added one, else the inherited one)."""
-    return os.pathsep.join(p for p in (str(PROFILING_SITE), env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
-                           if p)
 
 
 def _load(path: Path) -> dict[str, Any] | None:

@@ -21,11 +21,12 @@ from zerotune.predictor.dsconfig import AUTO, OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.space import SearchSpace, space_from_ds_config
 from zerotune.validate.experiments import experiment_ds_config, rewrite_args
-from zerotune.validate.profiled import (MatmulPace, ProfiledRun, model_yaml, precision_of_dtype,
-                                        profiling_env, read_profiled, step_rel_error)
+from zerotune.validate.profiled import (MatmulPace, ProfiledRun, model_yaml, precision_of_dtype, read_profiled,
+                                        step_rel_error)
 from zerotune.validate.results import write_text_atomic
 from zerotune.validate.runs import launch_spec, window_step_s
 from zerotune.validate.settings import BUILTIN_SCRIPT, Launcher, TuneSettings, autotuning_of
+from zerotune.validate.site_env import profiling_env
 
 __all__ = ["ProfileOutcome", "profile_model", "trainable_space", "least_memory_variant", "as_the_script_runs",
            "with_script_optimizer", "moe_space"]

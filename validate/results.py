@@ -92,7 +92,7 @@ class ExperimentResult:
     """Seconds of each optimizer step the engine printed, in order from the first (warm-up included): a later
     experiment is compared with this one step for step (zerotune.validate.runs.paired_step_ratios)."""
     peak_memory_bytes: float | None = None
-    """The largest peak memory of its ranks (validate.profiled.read_peak_bytes: max_memory_allocated on an
+    """The largest peak memory of its ranks (validate.site_env.read_peak_bytes: max_memory_allocated on an
     accelerator, the RSS on the CPU), where the run finished and wrote it."""
 
 

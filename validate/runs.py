@@ -14,7 +14,8 @@ from zerotune.predictor import DSConfig, Job, estimate, experiment_name
 from zerotune.predictor.dsconfig import AutotuningConfig
 from zerotune.predictor.rank import MAXIMISED, Metric
 from zerotune.validate.experiments import experiment_ds_config, rewrite_args
-from zerotune.validate.profiled import peak_env, read_peak_bytes, steps_rel_error
+from zerotune.validate.profiled import steps_rel_error
+from zerotune.validate.site_env import peak_env, read_peak_bytes
 from zerotune.validate.results import (ExperimentResult, Layout, Prediction, exp_document, load_finished,
                                        measured_from_metrics, result_dict, write_json_atomic)
 from zerotune.validate.settings import Launcher, TuneSettings, autotuning_of
@@ -25,7 +26,7 @@ __all__ = ["window_rel_error", "launch_spec", "run_experiment", "experiment_resu
 
 
 PEAK_PREFIX = "peak"
-"""Each rank of an experiment writes its peak memory to <run_dir>/peak.rank<R>.json (validate.profiled.peak_env)."""
+"""Each rank of an experiment writes its peak memory to <run_dir>/peak.rank<R>.json (validate.site_env.peak_env)."""
 EARLY_STOP_MIN_STEPS = 2
 """Timed steps an experiment runs before it may be stopped early: one step can be a warm-up outlier."""
 EARLY_STOP_MARGIN = 0.05
