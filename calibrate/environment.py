@@ -19,11 +19,14 @@ from typing import Any
 __all__ = ["collect_environment"]
 
 
+def _no_versions() -> dict[str, Any]:
+    return {"python": platform.python_version(), "torch": None, "deepspeed": None, "nccl": None, "cuda": None}
+
+
 def _installed_versions() -> dict[str, Any]:
     """The versions from the packages' metadata; CUDA from torch's local version tag (2.11.0+cu130 -> 13.0), NCCL
     only where torch is already imported."""
-    out: dict[str, Any] = {"python": platform.python_version(), "torch": None, "deepspeed": None,
-                           "nccl": None, "cuda": None}
+    out = _no_versions()
     for name in ("torch", "deepspeed"):
         try:
             out[name] = importlib.metadata.version(name)
@@ -38,8 +41,7 @@ def _installed_versions() -> dict[str, Any]:
 
 
 def _versions() -> dict[str, Any]:
-    out: dict[str, Any] = {"python": platform.python_version(), "torch": None, "deepspeed": None,
-                           "nccl": None, "cuda": None}
+    out = _no_versions()
     try:
         import torch
     except ImportError:

@@ -98,9 +98,15 @@ def _expected_improvement(goodness: np.ndarray, std: np.ndarray, best: float) ->
 
 def measured_best(cands: Candidates, observations: Sequence[Observation]) -> float | None:
     """The best measured goodness among this search's experiments (given measurements are not candidates)."""
-    values = [float(cands.gain[o.index]) - math.log(o.step_s) for o in observations
-              if o.index is not None and o.status == "ok" and o.step_s]
-    return max(values) if values else None
+    best = _best_run(cands, observations)
+    return None if best is None else best[0]
+
+
+def _best_run(cands: Candidates, observations: Sequence[Observation]) -> tuple[float, int] | None:
+    """(goodness, candidate index) of the best finished experiment of this search, None when none finished."""
+    runs = [(float(cands.gain[o.index]) - math.log(o.step_s), o.index) for o in observations
+            if o.index is not None and o.status == "ok" and o.step_s]
+    return max(runs) if runs else None
 
 
 def _choice(cands: Candidates, index: int, goodness: np.ndarray, std: np.ndarray, post: Posterior,
@@ -224,20 +230,14 @@ def _beyond_the_best(cands: Candidates, observations: Sequence[Observation], unc
     the best's one measurement, which the first carries in full, is no reason to run it: the decoder fixture
     (2026-11-29) ran micro-batch 14 beside a measured 13, predicted 1.5% better, its band +-4% all that noise;
     replay seed 13 unchanged (vTrain's wrong model 2.40 -> 2.39 experiments a group)."""
-    incumbent = _incumbent(cands, observations)
+    run = _best_run(cands, observations)
     over = bound - best
-    if incumbent is None:
+    if run is None:
         return over
+    incumbent = run[1]
     predicted = cands.gain - np.log(cands.step_s) - post.mean
     spread = difference_std(cands, observations, uncertainty, incumbent)
     return np.minimum(over, predicted - predicted[incumbent] + BAND_Z * spread)
-
-
-def _incumbent(cands: Candidates, observations: Sequence[Observation]) -> int | None:
-    """The candidate index of the measured best (measured_best), None when no experiment of the search ran."""
-    runs = [(float(cands.gain[o.index]) - math.log(o.step_s), o.index) for o in observations
-            if o.index is not None and o.status == "ok" and o.step_s]
-    return max(runs)[1] if runs else None
 
 
 def _settles(cands: Candidates, observations: Sequence[Observation], uncertainty: Uncertainty, open_: np.ndarray,
