@@ -17,7 +17,7 @@ from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
-__all__ = ["Calibration", "calibration_for", "load_profile_for", "paced", "cache_gain", "update_paced",
+__all__ = ["Calibration", "calibration_for", "load_profile_for", "profile_bands", "paced", "cache_gain", "update_paced",
            "allreduce_paced", "host_paced", "micro_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL",
            "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
 
@@ -74,7 +74,7 @@ def calibration_for(settings: TuneSettings, log: Callable[[str], None] = print) 
         return Calibration(Efficiency(), Uncertainty())
     micro = profile.environment.get("microbenchmarks") or {}
     copy = micro.get("memory_bandwidth_bytes_per_s")
-    bands = profile.uncertainty.bands()
+    bands = profile_bands(profile)
     fitted = sorted({m.model for m in profile_measurements(profile)})
     if settings.model not in fitted:
         wider = math.hypot(bands.step_time_rel, MODEL_TRANSFER_REL)
@@ -90,7 +90,13 @@ def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[st
                      ) -> tuple[Efficiency, Uncertainty]:
     """The efficiency and bands of the profile tune uses (_resolve_profile); the uncalibrated defaults without one."""
     profile = _resolve_profile(hardware, given, log)
-    return (profile.efficiency, profile.uncertainty.bands()) if profile else (Efficiency(), Uncertainty())
+    return (profile.efficiency, profile_bands(profile)) if profile else (Efficiency(), Uncertainty())
+
+
+def profile_bands(profile: CalibrationProfile) -> Uncertainty:
+    """The profile's error bands, with the ZeRO stages its runs measured (Uncertainty.stages_measured)."""
+    stages = {m.config.zero.stage for m in profile_measurements(profile)}
+    return replace(profile.uncertainty.bands(), stages_measured=len(stages))
 
 
 def _resolve_profile(hardware: str, given: Path | None, log: Callable[[str], None]) -> CalibrationProfile | None:
