@@ -25,14 +25,16 @@ from __future__ import annotations
 import argparse
 import math
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
 from zerotune.predictor import Efficiency, estimate
 from zerotune.predictor.step_time import _stage_op_times
-from zerotune.validate.published import (DEFAULT_DATA_DIR, Skip, framework_efficiency, read_rows, row_case,
-                                         split_rows)
+from zerotune.validate.published import (DEFAULT_DATA_DIR, Half, Skip, framework_efficiency, read_rows,
+                                         row_case, split_rows)
+
+Which = Half | Literal["all"]
 
 DATA_SETS = ("vtrain_single", "vtrain_multi", "bloom_tr11")
 """The data sets whose rows give a step time and a micro-batch, with families of two or more micro-batches."""
@@ -53,7 +55,8 @@ def family_slopes(rows: Sequence[tuple[str, dict[str, Any]]]) -> np.ndarray:
         if isinstance(case, Skip) or not measured or not micro_batch:
             continue
         try:
-            predicted = estimate(case.job, case.config, framework_efficiency(row, Efficiency(), case.config)).time.step_s
+            eff = framework_efficiency(row, Efficiency(), case.config)
+            predicted = estimate(case.job, case.config, eff).time.step_s
         except ValueError:
             continue
         families[_family_key(row)].append((math.log2(micro_batch), math.log(predicted / measured)))
@@ -62,11 +65,11 @@ def family_slopes(rows: Sequence[tuple[str, dict[str, Any]]]) -> np.ndarray:
     return np.array(slopes)
 
 
-def trend_table(half: str) -> list[str]:
+def trend_table(half: Which) -> list[str]:
     lines = ["| data set | families | RMS slope per doubling | mean slope per doubling |", "|---|---:|---:|---:|"]
     pooled: list[float] = []
     for name in DATA_SETS:
-        slopes = family_slopes(split_rows(read_rows(DEFAULT_DATA_DIR / f"{name}.jsonl"), half))  # type: ignore[arg-type]
+        slopes = family_slopes(split_rows(read_rows(DEFAULT_DATA_DIR / f"{name}.jsonl"), half))
         if not len(slopes):
             continue
         pooled += list(slopes)
@@ -76,10 +79,10 @@ def trend_table(half: str) -> list[str]:
     return lines
 
 
-def _vtrain_tp1(half: str) -> dict[tuple[int, int], dict[int, tuple[float, tuple[float, ...]]]]:
+def _vtrain_tp1(half: Which) -> dict[tuple[int, int], dict[int, tuple[float, tuple[float, ...]]]]:
     """(layers, hidden) -> micro-batch -> (measured seconds a micro-step, the model's stage op times)."""
     out: dict[tuple[int, int], dict[int, tuple[float, tuple[float, ...]]]] = defaultdict(dict)
-    for row_id, row in split_rows(read_rows(DEFAULT_DATA_DIR / "vtrain_single.jsonl"), half):  # type: ignore[arg-type]
+    for row_id, row in split_rows(read_rows(DEFAULT_DATA_DIR / "vtrain_single.jsonl"), half):
         p, b = row["parallel"], row["batch"]
         if (p["tp"], p["pp"], b["grad_accum"]) != (1, 1, 2) or b["micro_batch"] in out[_shape(row)]:
             continue
@@ -96,7 +99,7 @@ def _shape(row: dict[str, Any]) -> tuple[int, int]:
     return int(row["model"]["num_layers"]), int(row["model"]["hidden_size"])
 
 
-def vtrain_table(half: str) -> list[str]:
+def vtrain_table(half: Which) -> list[str]:
     lines = ["| layers x hidden | measured ms per sample (mb 4 -> 8) | model, with recompute | ratio | "
              "model, without | ratio | intercept ms per block |", "|---|---:|---:|---:|---:|---:|---:|"]
     for (layers, hidden), runs in sorted(_vtrain_tp1(half).items()):

@@ -53,7 +53,7 @@ class Uncertainty:
     mean +0.047), but taken as this prior it cost the replay (seed 13, real model) experiments without a better
     choice: vTrain 2.10 -> 2.51 a group (max 5 -> 6), BLOOM 2.67 -> 3.33 (max 5 -> 8), choices within 3% 100% ->
     99.3% and 93.3% either way; the uncalibrated prior keeps 0."""
-    stages_measured: int = 0
+    num_stages_measured: int = 0
     """How many ZeRO stages the calibration's own runs measured on this cluster (0 uncalibrated): where two or more
     were, the band above is an out-of-sample error that covers what one stage costs against another, so the search
     need not run a second stage to learn it while its measurements stay inside that band (validate.search

@@ -291,12 +291,12 @@ def test_a_calibration_that_measured_the_stages_waives_the_second_opinion_inside
     families = ((1, "none", "none", False, 1, 1), (0, "none", "none", False, 1, 1), (2, "cpu", "none", False, 1, 1))
     cands = replace(_cands(step_s=[1.0, 1.8, 1.5, 2.7, 30.0, 50.0]), families=families)  # ZeRO-0 1.5x slower
     done = np.array([False, True] + [False] * 4)
-    calibrated = Uncertainty(step_time_rel=0.1, memory_rel=0.1, stages_measured=3)
-    one_stage = replace(calibrated, stages_measured=1)
+    calibrated = Uncertainty(step_time_rel=0.1, memory_rel=0.1, num_stages_measured=3)
+    one_stage = replace(calibrated, num_stages_measured=1)
     inside = [_observe(cands, 1, 1.8 * 1.05)]  # 5% off, inside the 10% band
     assert choose(cands, inside, calibrated, done).index is None  # stopped: ZeRO-0's band cannot reach the best
     assert choose(cands, inside, one_stage, done).index in (2, 3)  # one stage calibrated: the second opinion runs
-    assert choose(cands, inside, U, done).index in (2, 3)  # uncalibrated (stages_measured 0): it runs
+    assert choose(cands, inside, U, done).index in (2, 3)  # uncalibrated (num_stages_measured 0): it runs
     outside = [_observe(cands, 1, 1.8 * 1.2)]  # 20% off: the model is off here
     assert choose(cands, outside, calibrated, done).index in (2, 3)
 
@@ -307,7 +307,7 @@ def test_a_profile_says_how_many_stages_its_runs_measured() -> None:
     _, h100 = load_profile_for("h100-80gb")
     _, none = load_profile_for("a100-80gb")
     # data/profiles/cpu.measurements.jsonl: ZeRO 0, 2 and 3; h100-80gb.measurements.jsonl: ZeRO 0-3
-    assert (cpu.stages_measured, h100.stages_measured, none.stages_measured) == (3, 4, 0)
+    assert (cpu.num_stages_measured, h100.num_stages_measured, none.num_stages_measured) == (3, 4, 0)
 
 
 def test_a_stage_stopped_early_counts_as_the_second_stage() -> None:

@@ -17,8 +17,8 @@ from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.search import measured_job
 from zerotune.validate.settings import NO_PROFILE, TuneSettings
 
-__all__ = ["Calibration", "calibration_for", "load_profile_for", "profile_bands", "paced", "cache_gain", "update_paced",
-           "allreduce_paced", "host_paced", "micro_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL",
+__all__ = ["Calibration", "calibration_for", "load_profile_for", "profile_bands", "paced", "cache_gain",
+           "update_paced", "allreduce_paced", "host_paced", "micro_paced", "HOST_BOUND_MARGIN", "MODEL_TRANSFER_REL",
            "TRANSFER_SHARED_VARIANCE", "TRANSFER_SLOPE_REL", "MAX_PACE_RATIO"]
 
 
@@ -94,9 +94,9 @@ def load_profile_for(hardware: str, given: Path | None = None, log: Callable[[st
 
 
 def profile_bands(profile: CalibrationProfile) -> Uncertainty:
-    """The profile's error bands, with the ZeRO stages its runs measured (Uncertainty.stages_measured)."""
+    """The profile's error bands, with the ZeRO stages its runs measured (Uncertainty.num_stages_measured)."""
     stages = {m.config.zero.stage for m in profile_measurements(profile)}
-    return replace(profile.uncertainty.bands(), stages_measured=len(stages))
+    return replace(profile.uncertainty.bands(), num_stages_measured=len(stages))
 
 
 def _resolve_profile(hardware: str, given: Path | None, log: Callable[[str], None]) -> CalibrationProfile | None:

@@ -73,9 +73,9 @@ import numpy as np
 from zerotune.predictor.rank import Uncertainty
 from zerotune.validate.candidates import MEASURED, NOISE_STD, Candidates, FamilyKey, Observation
 
-__all__ = ["Posterior", "posterior", "difference_std", "memory_bounds", "candidate_memory_bounds", "fit_probability",
-           "fit_probabilities", "BAND_Z", "MEMORY_Z", "SHARES", "MEASURED_MEMORY_REL", "MEASURED_MEMORY_OTHER_REL",
-           "MEASURED_MEMORY_ABS"]
+__all__ = ["Posterior", "posterior", "prior_band", "difference_std", "memory_bounds", "candidate_memory_bounds",
+           "fit_probability", "fit_probabilities", "BAND_Z", "MEMORY_Z", "SHARES", "MEASURED_MEMORY_REL",
+           "MEASURED_MEMORY_OTHER_REL", "MEASURED_MEMORY_ABS"]
 
 BAND_Z = 2.0
 """The ranking's band is this many standard deviations of the prior (one-sided 97.7%)."""
@@ -123,8 +123,13 @@ class Posterior:
 
 # -- the error model -------------------------------------------------------------------------------------------
 
+def prior_band(uncertainty: Uncertainty) -> float:
+    """The ranking's step-time band on the log scale: BAND_Z standard deviations of the prior."""
+    return -math.log(max(1.0 - uncertainty.step_time_rel, 1e-6))
+
+
 def _prior_variance(uncertainty: Uncertainty) -> float:
-    return (-math.log(max(1.0 - uncertainty.step_time_rel, 1e-6)) / BAND_Z) ** 2
+    return (prior_band(uncertainty) / BAND_Z) ** 2
 
 
 def _varying(families: Sequence[FamilyKey]) -> tuple[bool, ...]:

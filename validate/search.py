@@ -44,7 +44,7 @@ from zerotune.validate.candidates import (MEASURED, NOISE_STD, Candidates, Famil
                                           observation_of)
 from zerotune.validate.errors import (BAND_Z, MEASURED_MEMORY_ABS, MEASURED_MEMORY_OTHER_REL, MEASURED_MEMORY_REL,
                                       MEMORY_Z, Posterior, candidate_memory_bounds, difference_std, fit_probabilities,
-                                      fit_probability, memory_bounds, posterior)
+                                      fit_probability, memory_bounds, posterior, prior_band)
 from zerotune.validate.results import Prediction
 
 __all__ = ["FamilyKey", "family_of", "larger_batch_better", "Candidates", "Observation", "Posterior", "Choice",
@@ -133,7 +133,7 @@ def _second_stage(cands: Candidates, observations: Sequence[Observation], likely
 
 def _stage_in_doubt(observations: Sequence[Observation], uncertainty: Uncertainty) -> bool:
     """Whether one ZeRO stage measured leaves the others' costs in doubt, so that _second_stage's run is owed: always
-    without a calibration that measured two or more stages on this cluster (Uncertainty.stages_measured; the
+    without a calibration that measured two or more stages on this cluster (Uncertainty.num_stages_measured; the
     uncalibrated model is where a whole stage erred 2-3x, STAGE_ERROR), and with one, once a measurement of this
     search falls outside the calibration's band (the model is off here, its stage costs may be too). Inside it,
     the band, an out-of-sample error over the calibration's stages, bounds another stage as it bounds any
@@ -142,9 +142,9 @@ def _stage_in_doubt(observations: Sequence[Observation], uncertainty: Uncertaint
     wrong model 95.5% -> 93.6% at 2.67 -> 2.45 (its real model 2.91 either way); the uncalibrated data sets
     unchanged. The head-to-head jobs' third launch was this run: the decoder script's ZeRO-1 at micro-batch 32
     (2026-11-29), its band 4.4% above the measured best, and the residual MLP's ZeRO-1, predicted 37% below it."""
-    if uncertainty.stages_measured < 2:
+    if uncertainty.num_stages_measured < 2:
         return True
-    band = -math.log(max(1.0 - uncertainty.step_time_rel, 1e-6))  # the prior's BAND_Z standard deviations
+    band = prior_band(uncertainty)
     return any(abs(math.log(o.step_s / o.predicted_step_s)) > band for o in observations
                if o.status == "ok" and o.step_s and o.predicted_step_s and o.index is not None)
 
