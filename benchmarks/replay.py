@@ -8,7 +8,8 @@ only them: a configuration that was not measured cannot be run, so it is not a c
 Candidates are built from the rows; the space's generator is not used). Running an experiment returns its
 measured step time, or OOM / failure where that was recorded. The decisions are zerotune.validate.search.run_search, the
 code `tune` runs; only the experiment is a look-up. Predictions come from zerotune.predictor.estimate with the
-calibration profile `tune` would load for the hardware (zerotune.validate.tune.load_profile_for).
+calibration profile `tune` would load for the hardware (zerotune.validate.tune.load_profile_for). As in `tune`, the
+search starts from the profiling run's measurement where the group measured its configuration (profiling_row).
 
 Scored per data set: the share of groups whose choice (the measured best of the experiments run) is within 3% of
 the group's measured best, the mean choice / best, the mean and maximum experiments; then the same with a
@@ -48,7 +49,8 @@ from zerotune.validate.calibration import load_profile_for
 
 __all__ = ["GridRow", "Group", "Wrong", "GroupOutcome", "DataSetReplay", "MemoryBandCheck", "PUBLISHED", "data_sets",
            "memory_band_check",
-           "published_groups", "measurement_groups", "error_shares", "replay_group", "replay", "format_table", "main",
+           "published_groups", "measurement_groups", "error_shares", "profiling_row", "replay_group", "replay",
+           "format_table", "main",
            "WITHIN", "WRONG_FACTOR", "WRONG_MEMORY", "MIN_WRONG_OUTCOMES"]
 
 WITHIN = 0.03
@@ -189,6 +191,8 @@ class GroupOutcome:
     choice: str
     best: str
     stop_reason: str
+    profiled: bool = False
+    """Whether the search started from the profiling run's measurement (replay_group)."""
 
     @property
     def within(self) -> bool:
@@ -248,10 +252,28 @@ def _observed(cands: Candidates, rows: Sequence[GridRow], used: np.ndarray, i: i
                        measured_memory_ratio=(float(used[i]) or None) if measure_memory else None)
 
 
+def profiling_row(cands: Candidates, rows: Sequence[GridRow]) -> int | None:
+    """The row `tune`'s profiling run stands for (zerotune.validate.profiling_run.profile_model: the script's own
+    ds_config at the space's smallest micro-batch, before any experiment): the lowest ZeRO stage's family without
+    offload, tensor or pipeline parallelism (which `tune` does not run), at its smallest measured micro-batch, where
+    it finished; None where the group has no such row."""
+    families = [cands.families[k] for k in cands.family]
+    plain = [i for i, f in enumerate(families) if f[1] == f[2] == "none" and f[4] == f[5] == 1]
+    if not plain:
+        return None
+    stage = min(families[i][0] for i in plain)
+    first = min((i for i in plain if families[i][0] == stage), key=lambda i: (cands.micro_batch[i], i))
+    smallest = [i for i in plain if families[i] == families[first] and cands.micro_batch[i] == cands.micro_batch[first]]
+    return next((i for i in smallest if rows[i].status == "ok" and rows[i].step_s), None)
+
+
 def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None,
-                 measure_memory: bool = True) -> GroupOutcome:
+                 measure_memory: bool = True, profiling_run: bool = True) -> GroupOutcome:
     """The search on one group; wrong_seed draws a deliberately wrong model (None: the real one); measure_memory
-    False hides the runs' measured peaks from the search (only fit or out of memory)."""
+    False hides the runs' measured peaks from the search (only fit or out of memory). profiling_run: the search
+    starts, as `tune` does, from the profiling run's measurement (profiling_row, where the group has it), which
+    corrects the predictions but is not an experiment; a configuration chosen from it is measured already
+    (`tune` reruns it, validate.tune._profiling_rerun)."""
     rows = _distinct(group.rows)
     wrong = wrong_model(rows, wrong_seed) if wrong_seed is not None else None
     cands, measured, used = _candidates(rows, wrong)
@@ -261,13 +283,18 @@ def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | No
         assert choice.index is not None
         return _observed(cands, rows, used, choice.index, measure_memory)
 
-    ran, reason = run_search(cands, uncertainty, budget, run)
+    first = profiling_row(cands, rows) if profiling_run else None
+    done = np.zeros(len(cands), dtype=bool)
+    initial = []
+    if first is not None:  # a measurement given beforehand, as tune's validate.candidates.observation_of makes it
+        initial, done[first] = [replace(_observed(cands, rows, used, first, measure_memory), index=None)], True
+    ran, reason = run_search(cands, uncertainty, budget, run, initial, done)
     best = int(np.argmax(measured))
-    ok = [o.index for o in ran if o.status == "ok"]
+    ok = [o.index for o in ran if o.status == "ok"] + ([first] if first is not None else [])
     chosen = max(ok, key=lambda i: measured[i]) if ok else None
     share = math.exp(measured[chosen] - measured[best]) if chosen is not None else 0.0
     return GroupOutcome(group.name, len(rows), len(ran), share, _label(rows[chosen]) if chosen is not None else "-",
-                        _label(rows[best]), reason or f"budget of {budget} spent")
+                        _label(rows[best]), reason or f"budget of {budget} spent", first is not None)
 
 
 def error_shares(groups: Sequence[Group]) -> dict[str, float]:
@@ -359,22 +386,25 @@ class DataSetReplay:
 
 
 def replay(groups: Sequence[Group], name: str, budget: int = DEFAULT_TOP_K, seed: int | None = None,
-           draws: int = 1) -> DataSetReplay:
+           draws: int = 1, profiling_run: bool = True) -> DataSetReplay:
     """Every group with the real model (seed None), or `draws` times with wrong models (seeds from `seed`)."""
     if seed is None:
-        return DataSetReplay(name, "real", tuple(replay_group(g, budget) for g in groups))
-    outcomes = tuple(replay_group(g, budget, seed + draws * i + d) for i, g in enumerate(groups) for d in range(draws))
+        return DataSetReplay(name, "real", tuple(replay_group(g, budget, profiling_run=profiling_run) for g in groups))
+    outcomes = tuple(replay_group(g, budget, seed + draws * i + d, profiling_run=profiling_run)
+                     for i, g in enumerate(groups) for d in range(draws))
     return DataSetReplay(name, "wrong", outcomes)
 
 
 def format_table(results: Sequence[DataSetReplay]) -> str:
-    lines = ["| data set | model | groups (x draws) | configs per group (mean) | choice within 3% of best | "
-             "mean choice / best | experiments mean | experiments max |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| data set | model | groups (x draws) | from a profiling run | configs per group (mean) | "
+             "choice within 3% of best | mean choice / best | experiments mean | experiments max |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         configs = statistics.fmean(o.num_configs for o in r.outcomes)
-        lines.append(f"| {r.name} | {r.model} | {len(r.outcomes)} | {configs:.1f} | {r.within_share * 100:.1f}% | "
-                     f"{r.mean_choice_over_best * 100:.1f}% | {r.mean_experiments:.2f} | {r.max_experiments} |")
+        profiled = sum(o.profiled for o in r.outcomes)
+        lines.append(f"| {r.name} | {r.model} | {len(r.outcomes)} | {profiled} | {configs:.1f} | "
+                     f"{r.within_share * 100:.1f}% | {r.mean_choice_over_best * 100:.1f}% | {r.mean_experiments:.2f} | "
+                     f"{r.max_experiments} |")
     return "\n".join(lines) + "\n"
 
 
@@ -396,6 +426,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{MIN_WRONG_OUTCOMES} per data set)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--misses", action="store_true", help="list the groups whose choice is not within 3%%")
+    parser.add_argument("--no_profiling_run", action="store_true", help="start every search from no measurement, "
+                        "not from the profiling run's (replay_group)")
     parser.add_argument("--error_shares", action="store_true", help="only print how the model's errors split "
                         "(common / family-specific / within-family) on the fit half of each published data set")
     parser.add_argument("--memory_check", action="store_true", help="only print how the bands a measured peak gives "
@@ -423,7 +455,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"replay: {name}: no group with two or more configurations; skipped", file=sys.stderr)
             continue
         draws = max(args.draws, math.ceil(MIN_WRONG_OUTCOMES / len(groups)))
-        results += [replay(groups, name, args.budget), replay(groups, name, args.budget, args.seed, draws)]
+        first = not args.no_profiling_run
+        results += [replay(groups, name, args.budget, profiling_run=first),
+                    replay(groups, name, args.budget, args.seed, draws, profiling_run=first)]
     text = format_table(results)
     if args.markdown:
         args.markdown.write_text(text)

@@ -45,14 +45,15 @@ class Uncertainty:
     prior gives it to the shared term alone (zerotune.validate.errors._variances)."""
     slope_rel: float = 0.0
     """A priori standard deviation of the log step-time error's trend per doubling of the micro-batch (the
-    search's slope term, zerotune.validate.search): a model the calibration was not fitted on may split its time
-    between per-sample and per-step work otherwise than the calibrated one, so a measurement at one micro-batch
-    leaves the others a band that grows with their distance from it (zerotune.validate.calibration.
-    TRANSFER_SLOPE_REL). 0: the trend is learned from measurements alone. The uncalibrated model does have one on
-    the published data (benchmarks.micro_batch_trend: RMS 0.083 per doubling over 238 families of the fit half,
-    mean +0.047), but taken as this prior it cost the replay (seed 13, real model) experiments without a better
-    choice: vTrain 2.10 -> 2.51 a group (max 5 -> 6), BLOOM 2.67 -> 3.33 (max 5 -> 8), choices within 3% 100% ->
-    99.3% and 93.3% either way; the uncalibrated prior keeps 0."""
+    search's slope term, zerotune.validate.search): a calibrated model may split a job's time between per-sample and
+    per-step work otherwise than the job does, its own probes' model included, so a measurement at one micro-batch
+    (the profiling run's, at 1) leaves the others a band that grows with their distance from it
+    (zerotune.validate.calibration.CALIBRATED_SLOPE_REL). 0: the trend is learned from measurements alone, as for
+    the uncalibrated model. That model does have one on the published data (benchmarks.micro_batch_trend: RMS 0.083
+    per doubling over 238 families of the fit half, mean +0.047), but taken as this prior it costs the replay
+    (seed 13, real model, searches started from the profiling run where the group has its row) experiments without a
+    better choice: vTrain 2.11 -> 2.36 a group (max 5 -> 7), choices within 3% 100% -> 99.3%; BLOOM 2.67 -> 3.33
+    (max 5 -> 8), 93.3% either way; at 0.042, BLOOM 3.27. The uncalibrated prior keeps 0."""
     num_stages_measured: int = 0
     """How many ZeRO stages the calibration's own runs measured on this cluster (0 uncalibrated): where two or more
     were, the band above is an out-of-sample error that covers what one stage costs against another, so the search

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.replay import Group, GridRow, replay, replay_group, wrong_model
 from zerotune.calibrate.launch import LaunchSpec, RunResult
+from zerotune.calibrate.measurement import Measurement
 from zerotune.predictor import estimate, experiment_name, parse_ds_config
 from zerotune.validate.experiments import UserCommand
 from zerotune.validate.plan import build_job
@@ -54,7 +55,10 @@ def test_wrong_models_are_seeded_and_within_their_range() -> None:
     assert len(result.outcomes) == 4 and 0.0 <= result.within_share <= 1.0
 
 
-def test_a_replay_and_a_tune_on_the_same_grid_run_the_same_experiments(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profiled", [False, True])
+def test_a_replay_and_a_tune_on_the_same_grid_run_the_same_experiments(tmp_path: Path, profiled: bool) -> None:
+    """With and without the profiling run's measurement to start from: `tune` given the grid's row of it (as
+    profile_model hands it over, a measurement made before the search) runs what the replay's search runs."""
     group = _grid()
     measured = {experiment_name(r.config): r.step_s for r in group.rows}
     calls: list[str] = []
@@ -72,9 +76,15 @@ def test_a_replay_and_a_tune_on_the_same_grid_run_the_same_experiments(tmp_path:
            "autotuning": {"fast": True, "results_dir": str(tmp_path / "r"), "exps_dir": str(tmp_path / "e")}}
     settings = TuneSettings(UserCommand(BUILTIN_SCRIPT, (), "--deepspeed_config", tmp_path / "ds.json"), doc, TINY,
                             "cpu", WORLD, seq_len=SEQ_LEN, explore=())
-    outcome = tune(settings, grid_launcher, log=lambda _: None)
-    replayed = replay_group(group)
+    first = min(group.rows, key=lambda r: (r.config.zero.stage, r.config.train_micro_batch_size_per_gpu))
+    initial = (Measurement(TINY, "cpu", 1, WORLD, SEQ_LEN, first.config, "ok", step_s=first.step_s,
+                           source="the profiling run"),) if profiled else ()
+    outcome = tune(settings, grid_launcher, log=lambda _: None, initial=initial)
+    replayed = replay_group(group, profiling_run=profiled)
+    assert replayed.profiled == profiled
     assert len(calls) == replayed.num_experiments
+    if profiled:  # measured already: the search starts elsewhere
+        assert calls[0] != experiment_name(first.config)
     assert outcome.best is not None and outcome.best.name == replayed.choice
 
 

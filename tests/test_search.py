@@ -148,7 +148,7 @@ def test_a_shared_band_is_one_offset_that_one_measurement_removes_for_every_fami
 def test_a_slope_prior_leaves_far_micro_batches_a_band_after_one_measurement() -> None:
     # A user's script measured once at micro-batch 1 (the profiling run): without a slope prior the band of its
     # micro-batch 16 was about the calibration's own (+-5% on the first_prediction fixtures of 2026-11-27) where
-    # the first experiments then measured 10% off (RMS); with TRANSFER_SLOPE_REL the band grows with the distance
+    # the first experiments then measured 10% off (RMS); with CALIBRATED_SLOPE_REL the band grows with the distance
     fams = ((0, "none", "none", False, 1, 1),)
     mbs = np.array([1, 2, 16])
     cands = Candidates(fams, np.zeros(3, dtype=int), mbs, np.ones(3), np.full(3, 0.5), np.log(mbs.astype(float)))

@@ -605,9 +605,13 @@ def test_a_calibration_band_widens_for_a_model_it_was_not_fitted_on(tmp_path: Pa
     # most of it one offset for all its configurations (the published table's split, validate/fewshot.py)
     assert other.uncertainty.shared_rel == pytest.approx(MODEL_TRANSFER_REL * math.sqrt(TRANSFER_SHARED_VARIANCE))
     assert any("widens" in line for line in said)
-    # and a trend in micro-batch it may split otherwise than the fitted model (TRANSFER_SLOPE_REL); none for it
-    from zerotune.validate.calibration import TRANSFER_SLOPE_REL
-    assert other.uncertainty.slope_rel == TRANSFER_SLOPE_REL > 0 and fitted.uncertainty.slope_rel == 0
+    # and a trend in micro-batch its probes leave open, for the fitted model too (CALIBRATED_SLOPE_REL); none
+    # without a calibration
+    from zerotune.validate.calibration import CALIBRATED_SLOPE_REL
+    assert other.uncertainty.slope_rel == fitted.uncertainty.slope_rel == CALIBRATED_SLOPE_REL > 0
+    from zerotune.validate.settings import NO_PROFILE
+    uncalibrated = calibration_for(dc_replace(fake_settings(tmp_path, [1], [1]), profile=Path(NO_PROFILE)), said.append)
+    assert uncalibrated.uncertainty.slope_rel == 0
 
 
 def test_a_train_batch_size_no_micro_batch_divides_is_refused_before_any_run(tmp_path: Path) -> None:
