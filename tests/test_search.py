@@ -323,6 +323,19 @@ def test_a_stage_stopped_early_counts_as_the_second_stage() -> None:
     assert only_ok.index in (2, 3, 4)
 
 
+def test_the_profiling_runs_stage_counts_as_measured_so_an_experiment_of_another_stage_is_the_second() -> None:
+    """tune hands the profiling run over as a measurement made beforehand (index None): ZeRO-1 at micro-batch 4.
+    A first experiment at ZeRO-0 is then a second stage measured, so no third stage is owed; without the profiling
+    run the same experiment alone leaves ZeRO-1 to run as the second opinion."""
+    families = ((0, "none", "none", False, 1, 1), (1, "none", "none", False, 1, 1), (3, "none", "none", False, 1, 1))
+    cands = replace(_cands(step_s=[1.0, 1.8, 1.0, 1.85, 1.6, 3.0]), families=families)
+    profiling = replace(_observe(cands, 2, 1.0), index=None)  # ZeRO-1 at 4, as predicted
+    first = _observe(cands, 1, 1.8)  # ZeRO-0 at 8, as predicted
+    done = np.array([False, True, True, False, False, False])
+    assert choose(cands, [profiling, first], U, done, min_gain_rel=0.6).index is None
+    assert choose(cands, [first], U, done, min_gain_rel=0.6).index in (2, 3, 4, 5)
+
+
 def test_a_measurement_is_predicted_at_the_sequence_length_it_ran() -> None:
     # a profiling run of a script that pads each batch to its longest sample ran at the mean length (135) while the
     # job is costed at the longest (240): its prediction, and so the error it corrects with, is the mean's
