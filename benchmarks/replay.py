@@ -263,8 +263,7 @@ def profiling_row(cands: Candidates, rows: Sequence[GridRow]) -> int | None:
         return None
     stage = min(families[i][0] for i in plain)
     first = min((i for i in plain if families[i][0] == stage), key=lambda i: (cands.micro_batch[i], i))
-    smallest = [i for i in plain if families[i] == families[first] and cands.micro_batch[i] == cands.micro_batch[first]]
-    return next((i for i in smallest if rows[i].status == "ok" and rows[i].step_s), None)
+    return first if rows[first].status == "ok" and rows[first].step_s else None
 
 
 def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | None = None,
@@ -287,7 +286,8 @@ def replay_group(group: Group, budget: int = DEFAULT_TOP_K, wrong_seed: int | No
     done = np.zeros(len(cands), dtype=bool)
     initial = []
     if first is not None:  # a measurement given beforehand, as tune's validate.candidates.observation_of makes it
-        initial, done[first] = [replace(_observed(cands, rows, used, first, measure_memory), index=None)], True
+        initial.append(replace(_observed(cands, rows, used, first, measure_memory), index=None))
+        done[first] = True
     ran, reason = run_search(cands, uncertainty, budget, run, initial, done)
     best = int(np.argmax(measured))
     ok = [o.index for o in ran if o.status == "ok"] + ([first] if first is not None else [])
