@@ -352,8 +352,8 @@ def test_the_site_counts_a_whole_models_forward_flops_and_saved_bytes_once() -> 
     spec.loader.exec_module(site)  # type: ignore[union-attr]
     net = fixture_script("cnn_classifier").ConvNet()
     state = {"model_saved_bytes": 0, "model_saved_calls": 0, "model_forward_flops": 0}
-    site._count_saved(net, net, state, "model")
-    site._count_flops(net, state)
+    site._counts().count_saved(net, net, state, "model")
+    site._counts().count_flops(net, state)
     images = torch.randn(3, 3, 32, 32)
     net(images).sum().backward()
     first = dict(state)

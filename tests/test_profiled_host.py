@@ -296,7 +296,7 @@ def test_blocks_that_share_weights_are_costed_per_pass_and_held_once(tmp_path: P
     passes = _LoopedEncoder.PASSES
     assert counts["forward_calls"] == 2 and counts["block_forward_calls"] == 2 * passes
     # recomputed in backward: every pass. Non-reentrant checkpointing packs the saved tensors with hooks of its own,
-    # under which the site counts nothing (sitecustomize._outer_saved_tensor_hooks); its own hooks had taken the
+    # under which the site counts nothing (calibrate/site_counts.py outer_saved_tensor_hooks); its own hooks had taken the
     # place of the checkpoint's in the first pass, which then kept its activations on this rank alone (under ZeRO-3
     # the ranks' gathers in backward went out of step: a gloo size mismatch)
     assert counts["block_calls"] - counts["block_forward_calls"] == (2 * passes if checkpointed else 0)
@@ -346,8 +346,8 @@ def test_a_hierarchical_vision_model_is_described_by_a_stand_in_of_its_measured_
     site = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(site)  # type: ignore[union-attr]
     state = {"model_saved_bytes": 0, "model_saved_calls": 0, "model_forward_flops": 0}
-    site._count_saved(model, model, state, "model")
-    site._count_flops(model, state)
+    site._counts().count_saved(model, model, state, "model")
+    site._counts().count_flops(model, state)
     images = torch.randn(2, 3, 64, 64)
     model(pixel_values=images, labels=torch.tensor([0, 1])).loss.backward()
     prefix = tmp_path / "profiled"
@@ -388,7 +388,7 @@ def test_the_site_counts_a_recurrent_layers_forward_flops(kind: str) -> None:
     model = _RecurrentLM(kind)
     ids = torch.randint(0, 1000, (4, 32))
     state = {"model_forward_flops": 0}
-    site._count_flops(model, state)
+    site._counts().count_flops(model, state)
     model(ids).backward()
     positions, gates, directions = 4 * 32, {"LSTM": 4, "GRU": 3}[kind], 2 if kind == "GRU" else 1
     rnn = sum(directions * 2 * gates * 256 * (width + 256) * positions for width in (128, 256 * directions))

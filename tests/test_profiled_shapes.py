@@ -66,7 +66,7 @@ def test_the_bytes_a_block_keeps_for_backward_scale_the_activation_formula(tmp_p
     module = fixture_script("encoder_mlm")
     model = module.MaskedLM()
     state = {"block_saved_bytes": 0, "block_saved_calls": 0}
-    site._count_saved(model, model.encoder.layers[0], state, "block")
+    site._counts().count_saved(model, model.encoder.layers[0], state, "block")
     ids = torch.randint(5, module.VOCAB, (2, module.SEQ))
     model({"input_ids": ids, "labels": ids}).backward()
     saved = state["block_saved_bytes"]
