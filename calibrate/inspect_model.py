@@ -19,15 +19,13 @@ zerotune.predictor.catalog reads from a config.json); otherwise the structure is
   peft's other tuners, by their name prefixes) are trainable parameters beside the architecture, left out of the
   block's linear shapes.
 
-This file imports only torch, and loads calibrate/inspect_params.py (what trains, parameters by kind, MoE layers) beside
-it by path: the profiling hook loads this one by path so no zerotune package name enters the user's process.
+This file imports only torch: the profiling hook loads it by path so no zerotune package name enters the
+user's process.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,22 +33,17 @@ from torch import nn
 
 __all__ = ["describe", "find_blocks", "readable", "moe_layers", "HEAD_DIM_ASSUMED", "HF_WIDTH_KEYS"]
 
+ADAPTER_PREFIXES = ("lora_", "ia3_", "hada_", "lokr_", "oft_", "boft_", "vera_")
+"""Name prefixes of parameter-efficient adapters' modules and parameters: peft's tuner layers (the `prefix` of
+peft/tuners/{lora,ia3,loha,lokr,oft,boft,vera}/model.py; LoRA's lora_A / lora_B, also loralib's parameters)."""
 HEAD_DIM_ASSUMED = 64
 """Heads of 64 (GPT-2, BERT, Llama) when no module states its head count."""
 _HEAD_ATTRS = ("num_heads", "n_head", "num_attention_heads", "n_heads", "nhead", "num_head")
 _KV_HEAD_ATTRS = ("num_kv_heads", "num_key_value_heads", "n_kv_heads", "n_kv_head", "num_kv_head")
 
 
-def _sibling(name: str) -> Any:
-    """A module beside this file loaded by path, as the profiling hook loads this one (calibrate/profiling_site)."""
-    spec = importlib.util.spec_from_file_location(f"_zerotune_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-_parts = _sibling("inspect_params")
-_numel, moe_layers = _parts.numel, _parts.moe_layers
+def _numel(p: torch.Tensor) -> int:
+    return int(getattr(p, "ds_numel", 0) or p.numel())  # ZeRO-3 partitions leave numel() at 0
 
 
 def _shape(p: torch.Tensor) -> tuple[int, ...]:
@@ -205,7 +198,7 @@ def _block_linears(block: nn.Module) -> list[tuple[str, int, int, bool]]:
     and not the gate's h -> experts scores."""
     out = _mha_linears(block)
     for name, mod in block.named_modules():
-        if isinstance(mod, nn.Linear) and not _parts.is_adapter(name) and not _parts.other_expert(name):
+        if isinstance(mod, nn.Linear) and not _is_adapter(name) and not _other_expert(name):
             n_out, n_in = _shape(mod.weight)  # a LoRA's own h -> r, r -> out maps are not the block's
             out.append((name, n_in, n_out, mod.bias is not None))
     return out
@@ -283,6 +276,60 @@ def _head(model: nn.Module, blocks: nn.Module, tokens: nn.Embedding | None, hidd
         return {"head": "lm", "tied_embeddings": lm[0].weight is tokens.weight, "head_bias": lm[0].bias is not None,
                 "head_transform": transform}
     return {"head": "pooler" if square else "none", "tied_embeddings": False}
+
+
+def _params_by_kind(model: nn.Module, blocks: nn.Module) -> dict[str, int]:
+    inside = {id(p) for p in blocks.parameters()}
+    emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    kinds = {"blocks": 0, "embeddings": 0, "other": 0}
+    for p in model.parameters():
+        kind = "blocks" if id(p) in inside else "embeddings" if id(p) in emb else "other"
+        kinds[kind] += _numel(p)
+    return kinds
+
+
+def _other_expert(name: str) -> bool:
+    """A linear of DeepSpeed MoE's gate (deepspeed/moe/sharded_moe.py TopKGate.wg) or of a local expert after the first
+    (deepspeed/moe/experts.py Experts.deepspeed_experts: copies of the one expert module)."""
+    parts = name.split(".")
+    if "gate" in parts and "deepspeed_moe" in parts:
+        return True
+    at = parts.index("deepspeed_experts") if "deepspeed_experts" in parts else -1
+    return 0 <= at < len(parts) - 1 and parts[at + 1] != "0"
+
+
+def moe_layers(model: nn.Module) -> dict[str, int] | None:
+    """DeepSpeed's own MoE layers (deepspeed.moe.layer.MoE): {'layers', 'num_experts', 'ep_size', 'local_experts',
+    'top_k'}, None without any. ZeRO-3 refuses them (runtime/engine.py:2197-2216 _validate_zero3_moe_compatibility:
+    'Native DeepSpeed MoE is not supported with ZeRO Stage 3')."""
+    layers = [m for m in model.modules()
+              if type(m).__name__ == "MoE" and type(m).__module__.startswith("deepspeed.moe")]
+    if not layers:
+        return None
+    first = layers[0]
+    gate = getattr(getattr(first, "deepspeed_moe", None), "gate", None)
+    return {"layers": len(layers), "num_experts": int(first.num_experts), "ep_size": int(first.ep_size),
+            "local_experts": int(first.num_local_experts), "top_k": int(getattr(gate, "k", 1))}
+
+
+def _is_adapter(name: str) -> bool:
+    return any(part.startswith(ADAPTER_PREFIXES) for part in name.split("."))
+
+
+def _training(model: nn.Module, blocks: nn.Module | None) -> dict[str, int]:
+    """What trains: frozen elements inside the blocks (per block) and outside them, and the adapters' elements and
+    tensors (trainable, beside the architecture). A tied weight is counted once, as model.parameters() yields it."""
+    inside = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    out = {"trainable_params": 0, "frozen_block_params": 0, "frozen_outer_params": 0, "adapter_params": 0,
+           "adapter_tensors": 0}
+    for name, p in model.named_parameters():
+        if _is_adapter(name):
+            out["adapter_params"] += _numel(p)
+            out["adapter_tensors"] += 1
+        elif not p.requires_grad:
+            out["frozen_block_params" if id(p) in inside else "frozen_outer_params"] += _numel(p)
+        out["trainable_params"] += _numel(p) if p.requires_grad else 0
+    return out
 
 
 _ACTIVATIONS = ((nn.ReLU, "relu"), (nn.SiLU, "silu"), (nn.GELU, "gelu"))
@@ -476,8 +523,8 @@ def describe(model: nn.Module) -> dict[str, Any]:
         notes = {"read": [], "assumed": []}  # what the reading had noted describes no structure that was kept
     found = find_blocks(model)
     if found is not None and out["structure"] is not None:
-        out["params_by_kind"] = _parts.params_by_kind(model, found[1])
-    out["training"] = _parts.training(model, found[1] if found is not None else None)
+        out["params_by_kind"] = _params_by_kind(model, found[1])
+    out["training"] = _training(model, found[1] if found is not None else None)
     moe = moe_layers(model)
     if moe is not None:
         out["moe"] = moe

@@ -214,7 +214,7 @@ def _functional_head(spec: ModelSpec, rank0: Mapping[str, Any], read: list[str])
 
 def _training(spec: ModelSpec, doc: Any, read: list[str]) -> ModelSpec:
     """Frozen parameters (requires_grad False) and adapters beside the architecture (LoRA): per block, outside the
-    blocks, and the adapters' size and tensors, as the process counted them (calibrate/inspect_params.training)."""
+    blocks, and the adapters' size and tensors, as the process counted them (calibrate/inspect_model._training)."""
     if not isinstance(doc, dict):
         return spec
     frozen_blocks, frozen_outer = int(doc.get("frozen_block_params") or 0), int(doc.get("frozen_outer_params") or 0)

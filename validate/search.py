@@ -9,10 +9,9 @@ second of experiment (Snoek, Larochelle & Adams 2012, sec. 3.2: start-up plus th
 equal costs when none are given), among configurations whose optimistic bound still beats the best. While the
 measurements (the profiling run's included) have all been of one ZeRO stage, the choice is among the other stages'
 likely-fitting configurations predicted within STAGE_ERROR of the best instead (_second_stage): a stage's error is
-the one the prior cannot
-bound (replay, wrong model, CPU grid: 63% -> 72% of choices within 3% of the best; the real model's vTrain, BLOOM
-and HF figures unchanged, the CPU grid's 1 -> 4 experiments), unless a calibration measured the stages on this
-cluster and the search's measurements fall inside its band (_stage_in_doubt).
+the one the prior cannot bound (replay, wrong model, CPU grid: 63% -> 72% of choices within 3% of the best; the real
+model's vTrain, BLOOM and HF figures unchanged, the CPU grid's 1 -> 4 experiments), unless a calibration measured the
+stages on this cluster and the search's measurements fall inside its band (_stage_in_doubt).
 
 Two bounds come from DeepSpeed's structure, not from the model (zerotune.validate.bounds), and hold whatever it
 predicts: a configuration that adds work to a lighter sibling at the same micro-batch (ZeRO-3 to ZeRO-2,
