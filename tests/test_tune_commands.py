@@ -186,6 +186,15 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="failed before zerotune read its model .*ValueError: boom.* deepspeed "
                                          "with this ds_config first"):
         profile_model(settings, lambda spec: RunResult("failed", "ValueError: boom", 1, 1.0, spec.run_dir, None))
+    # a Hugging Face Trainer on a machine without CUDA and without --use_cpu counts one process of the two
+    # (transformers 5 here, 2026-11-29: "ds train_batch_size=2 vs hf train_batch_size (calculated)=1")
+    trainer = ("ValueError: Please correct the following DeepSpeed config values that mismatch TrainingArguments "
+               "values:\n- ds train_batch_size=4 vs hf train_batch_size (calculated)=2\nThe easiest method is ...")
+    with pytest.raises(ValueError, match="counted 1 process where DeepSpeed's launcher started 2 .*add --use_cpu"):
+        profile_model(settings, lambda spec: RunResult("failed", trainer, 1, 1.0, spec.run_dir, None))
+    mismatch = trainer.replace("(calculated)=2", "(calculated)=8")  # another mismatch: the general error
+    with pytest.raises(ValueError, match="failed before zerotune read its model"):
+        profile_model(settings, lambda spec: RunResult("failed", mismatch, 1, 1.0, spec.run_dir, None))
     # a run that ended cleanly without ever building an engine zerotune could read: the model must be given
     with pytest.raises(ValueError, match="could not read the model.*give --model"):
         profile_model(settings, lambda spec: RunResult("ok", "", 0, 1.0, spec.run_dir, None))

@@ -5,6 +5,7 @@ its own checkpointing, the precision its engine held)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import statistics
 import warnings
@@ -190,6 +191,24 @@ def _refuse_unaccepted_mapping(reason: str, arg_mappings: Mapping[str, str] | No
                              f"arguments: {' '.join(refused)}; see {run_dir}): map it to the flag the script takes")
 
 
+_TRAINER_BATCH = re.compile(r"ds train_batch_size=(\d+) vs hf train_batch_size \(calculated\)=(\d+)")
+
+
+def _refuse_trainer_world(reason: str, world: int, settings: TuneSettings, run_dir: Path) -> None:
+    """The one-line error for a Hugging Face Trainer that counted one process where DeepSpeed's launcher started
+    `world`: it multiplies its per-device batch by its own world size (transformers integrations/deepspeed.py
+    trainer_config_process, "ds train_batch_size=2 vs hf train_batch_size (calculated)=1"), and without CUDA its
+    TrainingArguments join the launcher's ranks only with --use_cpu (seen with transformers 5 on this project's
+    CPU machine: the same script trains with it)."""
+    found = _TRAINER_BATCH.search(reason)
+    if found is None or world < 2 or int(found.group(1)) != world * int(found.group(2)):
+        return
+    raise ValueError(f"the Hugging Face Trainer in {settings.command.script.name} counted 1 process where "
+                     f"DeepSpeed's launcher started {world} (its profiling run: ds train_batch_size={found.group(1)} "
+                     f"vs hf train_batch_size (calculated)={found.group(2)}; see {run_dir}): on a machine without "
+                     f"CUDA add --use_cpu to the script's arguments so that the Trainer joins the launcher's ranks")
+
+
 def least_memory_variant(space: SearchSpace, cfg: DSConfig) -> DSConfig | None:
     """The profiling run's second try after its first ran out of memory: the space's configuration of the highest
     ZeRO stage at the same micro-batch and accumulation, as DeepSpeed's autotuner profiles every model (autotuning/
@@ -255,6 +274,7 @@ def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix:
     # --model would not help: the experiments would run the script the same way
     world = settings.num_nodes * settings.num_gpus
     _refuse_unaccepted_mapping(run.reason, autotuning_of(settings.doc, world).arg_mappings, settings, run_dir)
+    _refuse_trainer_world(run.reason, world, settings, run_dir)
     started = Path(f"{prefix}.model.json").is_file()
     tried = "" if out_of_memory is None else (
         f" (and at ZeRO stage {out_of_memory.zero.stage} before it, out of memory too)" if crashed is None
