@@ -145,6 +145,32 @@ def test_a_script_that_fails_the_same_way_twice_before_training_stops_the_tune(t
     assert len(launcher.calls) == 8 and outcome.best is None
 
 
+def test_a_script_that_fails_above_the_micro_batch_it_trained_at_stops_the_tune(tmp_path: Path,
+                                                                                budget_ends_it: None) -> None:
+    """A script that trained in its profiling run at micro-batch 1 and fails the same way at larger ones (a decoder
+    script's `labels.view(-1)` of a sliced tensor, 2026-11-29: all 8 experiments failed at micro-batch 50, ZeRO-2's
+    knobs varied) stops after two such failures with one line naming the cap to set; a stage's own failure (the
+    profiling run trained at another stage) is no reason to stop."""
+    from zerotune.calibrate.measurement import Measurement
+    cfg = parse_ds_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, world_size=WORLD)
+    given = Measurement(model=TINY, hardware="cpu", num_nodes=1, num_gpus_per_node=WORLD, seq_len=SEQ_LEN, config=cfg,
+                        status="ok", step_s=0.01, source="profiling run")
+    settings = fake_settings(tmp_path, [1, 2, 4, 6, 8], [0, 1], top_k=8)
+    view = "RuntimeError: view size is not compatible with input tensor's size and stride"
+    failing = {name: ("failed", view) for name in _predicted(settings) if not name.endswith("tmbspg1")}
+    launcher = FakeLauncher(outcomes=failing)
+    with pytest.raises(ValueError, match=r"fails at larger micro-batches: .*max_train_micro_batch_size_per_gpu below "
+                                         r"\d+, then rerun; the profiling run trained at micro-batch 1"):
+        tune(settings, launcher, log=lambda _: None, initial=[given])
+    assert len(launcher.calls) == 2
+    assert "fails at larger micro-batches" in (tmp_path / "results" / "summary.txt").read_text()
+    # ZeRO-1 fails whatever its micro-batch, ZeRO-0 trains: the budget goes on and ZeRO-0 is chosen
+    settings = fake_settings(tmp_path / "stage", [1, 2, 4, 6, 8], [0, 1], top_k=8)
+    stage1 = {name: ("failed", view) for name in _predicted(settings) if name.startswith("z1")}
+    outcome = tune(settings, FakeLauncher(outcomes=stage1), log=lambda _: None, initial=[given])
+    assert outcome.best is not None and outcome.best.name.startswith("z0")
+
+
 def test_a_measurement_far_beyond_the_prediction_is_not_taken(tmp_path: Path, budget_ends_it: None) -> None:
     """A metrics file saying 1e30 samples/s (a script writing DeepSpeed's metrics path itself) was chosen as the
     optimum and corrected into every prediction (the next one 1.2e26, band up to 4e53)."""

@@ -151,17 +151,46 @@ class ScriptBroken(Exception):
 def _check_script_runs(settings: TuneSettings, results: Sequence[ExperimentResult],
                        initial: Sequence[Measurement]) -> None:
     """ScriptBroken after two experiments that failed with the same reason while nothing (profiling run included)
-    has trained; a run that ended before the engine's window is left to max_samples_for_window."""
-    trained = any(m.status in ("ok", "oom") for m in initial) or any(
-        r.status in ("ok", "stopped", "oom") for r in results)
-    if trained or len(results) < 2:
+    has trained, or while the same configuration trained at a smaller micro-batch (_fails_larger); a run that
+    ended before the engine's window is left to max_samples_for_window."""
+    if len(results) < 2:
         return
     last, before = results[-1], results[-2]
-    if last.status == before.status == "failed" and last.reason == before.reason \
-            and not last.reason.startswith(ENDED_EARLY):
+    if not (last.status == before.status == "failed" and last.reason == before.reason
+            and not last.reason.startswith(ENDED_EARLY)):
+        return
+    _fails_larger(settings, (before, last), initial, results)
+    trained = any(m.status in ("ok", "oom") for m in initial) or any(
+        r.status in ("ok", "stopped", "oom") for r in results)
+    if not trained:
         raise ScriptBroken(f"training script {settings.command.script}: experiments {before.name} and {last.name} "
                            f"failed the same way and nothing has trained ({last.reason}); make the script train "
                            f"under deepspeed with this ds_config, then rerun")
+
+
+def _fails_larger(settings: TuneSettings, failed: Sequence[ExperimentResult], initial: Sequence[Measurement],
+                  results: Sequence[ExperimentResult]) -> None:
+    """ScriptBroken when experiments failed the same way (not out of memory) and a run of one of them, the same in
+    everything but a smaller micro-batch (and accumulation), trained: the script fails from some micro-batch on (a
+    .view() of a sliced tensor, a shape written for batch 1), and every larger configuration would fail alike.
+    Seen on this project's CPU VM (2026-11-29): a decoder script's `labels.view(-1)` of `ids[:, 1:]` trained in
+    the profiling run at micro-batch 1 and failed in all 8 experiments at micro-batch 50, ZeRO-2's knobs varied."""
+    trained = [(m.config, "the profiling run" if i == 0 else f"run {i}")
+               for i, m in enumerate(initial) if m.status in ("ok", "stopped")]
+    trained += [(r.config, r.name) for r in results if r.status in ("ok", "stopped")]
+    for f in failed:
+        mb = f.config.train_micro_batch_size_per_gpu
+        for cfg, name in trained:
+            smaller = cfg.train_micro_batch_size_per_gpu
+            same = experiment_name(cfg.replace(train_micro_batch_size_per_gpu=mb, gradient_accumulation_steps=f.config
+                                               .gradient_accumulation_steps)) == experiment_name(f.config)
+            if same and smaller < mb:
+                low = min(r.config.train_micro_batch_size_per_gpu for r in failed)
+                raise ScriptBroken(f"training script {settings.command.script} fails at larger micro-batches: fix "
+                                   f"it (the traceback is in its runs' stderr.log) or set autotuning."
+                                   f"max_train_micro_batch_size_per_gpu below {low}, then rerun; {name} trained at "
+                                   f"micro-batch {smaller}, and the same configuration at micro-batch {mb} failed "
+                                   f"({failed[0].name} and {failed[1].name} alike: {f.reason})")
 
 
 def _search(settings: TuneSettings, job: Job, at: AutotuningConfig, layout: Layout, model: Calibration,
