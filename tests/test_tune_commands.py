@@ -195,6 +195,14 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
     mismatch = trainer.replace("(calculated)=2", "(calculated)=8")  # another mismatch: the general error
     with pytest.raises(ValueError, match="failed before zerotune read its model"):
         profile_model(settings, lambda spec: RunResult("failed", mismatch, 1, 1.0, spec.run_dir, None))
+    # read, then crashed (a bf16 script's fp32 buffers, 2026-11-29): a failure, not a run that trained
+    dtype = "RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16"
+
+    def read_then_crashed(spec: LaunchSpec) -> RunResult:
+        engine(spec)
+        return RunResult("failed", dtype, 1, 1.0, spec.run_dir, None)
+    with pytest.raises(ValueError, match="failed after its DeepSpeed engine started .*same dtype.*fail the same way"):
+        profile_model(settings, read_then_crashed)
     # a run that ended cleanly without ever building an engine zerotune could read: the model must be given
     with pytest.raises(ValueError, match="could not read the model.*give --model"):
         profile_model(settings, lambda spec: RunResult("ok", "", 0, 1.0, spec.run_dir, None))

@@ -264,9 +264,10 @@ def _profile_with_fallback(settings: TuneSettings, launcher: Launcher, space: Se
     return second, fallback, cfg, first_dir, run if kind == "failed" else None
 
 
-def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix: Path, run_dir: Path,
+def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError | None, prefix: Path, run_dir: Path,
                 out_of_memory: DSConfig | None, crashed: RunResult | None = None) -> ValueError:
-    """The one-line error for a profiling run whose files hold no model (failed, or not readable)."""
+    """The one-line error for a profiling run whose files hold no model (failed, or not readable), or (exc None)
+    that crashed after its model was read."""
     why = f"{run.status}{': ' + run.reason[:300] if run.reason else ''}"
     if run.status == "ok":
         return ValueError(f"the profiling run of {settings.command.script} could not read the model: {exc} ({why}; "
@@ -285,7 +286,7 @@ def _unreadable(settings: TuneSettings, run: RunResult, exc: ValueError, prefix:
                       f" ({why}; see {run_dir}){tried}: the experiments would fail the same way; make the script "
                       f"train under deepspeed with this ds_config first"
                       + (f" (its model could not be read either, {exc}: then give --model and --seq_len)"
-                         if started else "")
+                         if started and exc is not None else "")
                       # zerotune's own instrumentation runs in the profiling run (calibrate/profiling_site): a
                       # failure of its own had been blamed on the script (non-reentrant checkpointing, 2026-11-29)
                       + f"; if the script trains with {run_dir / 'ds_config.json'}, the profiling run's "
@@ -315,6 +316,10 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
         profiled = read_profiled(prefix, f"profiled-{settings.command.script.stem}", world)
     except ValueError as exc:
         raise _unreadable(settings, run, exc, prefix, run_dir, first_try, crashed) from None
+    if run.status == "failed" and run.returncode:
+        # read, then crashed: the fallback's stage failed too (a bf16 script whose buffers stay fp32: "expected m1
+        # and m2 to have the same dtype" at stages 0 and 3, 2026-11-29), which had been taken for a run that trained
+        raise _unreadable(settings, run, None, prefix, run_dir, first_try, crashed)
     out_of_memory = first_try if crashed is None else None
     if crashed is not None and first_try is not None:
         log(f"zerotune tune: the script trained at ZeRO stage {cfg.zero.stage} after failing at stage "
