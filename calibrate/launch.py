@@ -145,6 +145,8 @@ class LaunchSpec:
     no_ssh: bool = False
     """The runner's --no_ssh: each node runs the command itself (with --node_rank), no ssh between nodes."""
     master_addr: str | None = None
+    runner_flags: tuple[str, ...] = ()
+    """The runner's per-rank flags, before the script: --no_local_rank, --bind_cores_to_rank, --bind_core_list X."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Added to os.environ for the launcher and its ranks."""
     memory_limit_bytes: int | None = None
@@ -216,7 +218,7 @@ def _resource_args(spec: LaunchSpec) -> list[str]:
                         ("--launcher_args", spec.launcher_args), ("--master_addr", spec.master_addr)):
         if value is not None:
             args += [flag, value]
-    return args + (["--no_ssh"] if spec.no_ssh else [])
+    return args + (["--no_ssh"] if spec.no_ssh else []) + list(spec.runner_flags)
 
 
 def deepspeed_command(spec: LaunchSpec) -> list[str]:

@@ -1,6 +1,7 @@
 """Launchers users bring: deepspeed's own flags (--hostfile, --include / --exclude, --launcher, --launcher_args,
---no_ssh, --master_addr, --master_port) reach DeepSpeed's runner unchanged in every run's command, and the world
-size zerotune models is the one the runner's filter leaves (launcher/runner.py parse_resource_filter)."""
+--no_ssh, --master_addr, --master_port, --no_local_rank, --bind_cores_to_rank, --bind_core_list) reach DeepSpeed's
+runner unchanged in every run's command, and the world size zerotune models is the one the runner's filter leaves
+(launcher/runner.py parse_resource_filter)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,15 @@ def test_pdsh_is_needed_only_by_the_pdsh_backend(tmp_path: Path, monkeypatch: py
     with pytest.raises(RuntimeError, match="needs pdsh"):
         launch(LaunchSpec(Path("train.py"), {}, tmp_path / "run2", 29501, 10.0, hostfile=hostfile))
     assert started and "--launcher" in started[0]
+
+
+def test_the_runners_per_rank_flags_reach_every_run_before_the_script(tmp_path: Path) -> None:
+    """--no_local_rank (a script whose argparse takes no --local_rank) and the CPU core binding DeepSpeed advises
+    for CPU training (--bind_cores_to_rank, --bind_core_list) are the runner's, so they come before the script."""
+    settings = _settings(tmp_path, "--no_local_rank", "--bind_cores_to_rank", "--bind_core_list", "0-3")
+    cmd = _command(settings, tmp_path)
+    runner = cmd[:cmd.index(str(tmp_path / "train.py"))]
+    assert "--no_local_rank" in runner and "--bind_cores_to_rank" in runner and _flag(runner, "--bind_core_list") == "0-3"
+    (tmp_path / "plain").mkdir()
+    plain = _command(_settings(tmp_path / "plain"), tmp_path)
+    assert not {"--no_local_rank", "--bind_cores_to_rank", "--bind_core_list"} & set(plain)

@@ -563,3 +563,27 @@ def test_a_first_experiment_barely_cheaper_than_the_best_is_not_taken_for_it() -
     for startup, first_mb in ((1.0, 4), (1000.0, 8)):  # a step's cost matters against start-up, or it does not
         cands = _cands(step_s=step, ratio=[0.2] * 6).with_cost(startup, 6)
         assert int(cands.micro_batch[choose(cands, [], narrow, done).index]) == first_mb, startup
+
+
+def test_the_first_choice_tries_a_bounded_number_of_cheaper_configurations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cheaper configuration tried as a first experiment that settles its stage corrects the whole space once
+    more; a bf16 script's space of 77,824 configurations (ZeRO's knobs times micro-batches up to 1,024, all predicted
+    within the margin on the CPU) spent over ten minutes there before its first launch (2026-11-29). Knob variants
+    of one family and micro-batch are tried once, and at most SETTLE_TRIES of them."""
+    import zerotune.validate.search as search
+    mbs = np.repeat(np.arange(1, 51), 20)  # 20 bucket-size and overlap variants of each micro-batch
+    throughput = 10.0 * (1 + 0.001 * mbs)  # flat: every one within MIN_GAIN_REL of the best
+    cands = replace(Candidates(FAMILIES[:1], np.zeros(len(mbs), dtype=int), mbs, mbs / throughput,
+                               np.full(len(mbs), 0.2), np.log(mbs.astype(float)), larger_batch_better=False)
+                    .with_cost(1.0, 6))
+    tried: list[tuple[int, int]] = []
+    settles = search._settles
+
+    def counted(cands_, observations, uncertainty, open_, index, post, min_gain_rel):  # type: ignore[no-untyped-def]
+        tried.append((int(cands_.family[index]), int(cands_.micro_batch[index])))
+        return settles(cands_, observations, uncertainty, open_, index, post, min_gain_rel)
+    monkeypatch.setattr(search, "_settles", counted)
+    choice = choose(cands, [], U, np.zeros(len(mbs), dtype=bool))
+    assert 0 < len(tried) <= search.SETTLE_TRIES and len(set(tried)) == len(tried)
+    assert tried[0][1] == 1  # the cheapest first
+    assert choice.index is not None

@@ -33,21 +33,33 @@ def _lighter(family: FamilyKey) -> list[FamilyKey]:
 def _lighter_siblings(cands: Candidates) -> list[tuple[int, np.ndarray]]:
     """(candidate, its lighter siblings: the configurations of a _lighter family at the same micro-batch and
     accumulation), the candidates with fewer additions first, so that a bound chains (ZeRO-3 with checkpointing
-    held to ZeRO-3 without, itself held to ZeRO-2)."""
+    held to ZeRO-3 without, itself held to ZeRO-2). Computed once per Candidates: a bf16 script's space of
+    thousands of configurations had spent over ten minutes in the first choice recomputing it (2026-11-29)."""
+    cached = _SIBLINGS.get(id(cands))
+    if cached is not None and cached[0] is cands:
+        return cached[1]
     index = {f: k for k, f in enumerate(cands.families)}
     weight = lambda f: (f[0] == 3) + (f[1] != "none") + (f[2] != "none") + bool(f[3])  # noqa: E731
+    # the same micro-batch and accumulation: the same micro-batch and the same samples per step (gain)
+    by_key: dict[tuple[int, int, float], list[int]] = {}
+    for i, (k, mb, gain) in enumerate(zip(cands.family.tolist(), cands.micro_batch.tolist(), cands.gain.tolist())):
+        by_key.setdefault((k, mb, round(gain, 9)), []).append(i)
     pairs = []
     for k in sorted(range(len(cands.families)), key=lambda k: weight(cands.families[k])):
         lighter = [index[f] for f in _lighter(cands.families[k]) if f in index]
         if not lighter:
             continue
-        same = np.isin(cands.family, lighter)
-        for i in np.flatnonzero(cands.family == k):
-            match = np.flatnonzero(same & (cands.micro_batch == cands.micro_batch[i])
-                                   & np.isclose(cands.gain, cands.gain[i], rtol=0, atol=1e-9))
-            if len(match):
-                pairs.append((int(i), match))
+        for i in np.flatnonzero(cands.family == k).tolist():
+            key = (int(cands.micro_batch[i]), round(float(cands.gain[i]), 9))
+            match = sorted(j for f in lighter for j in by_key.get((f, *key), ()))
+            if match:
+                pairs.append((i, np.array(match)))
+    _SIBLINGS.clear()  # one search at a time: keep the latest only
+    _SIBLINGS[id(cands)] = (cands, pairs)
     return pairs
+
+
+_SIBLINGS: dict[int, tuple[Candidates, list[tuple[int, np.ndarray]]]] = {}
 
 
 def shadowed(cands: Candidates, open_: np.ndarray, p_fit: np.ndarray) -> np.ndarray:
@@ -119,13 +131,21 @@ def dominated(cands: Candidates, observations: Sequence[Observation], goodness: 
         changed = False
         for k in families:  # each micro-batch held to the next larger one, from the largest down
             members = np.flatnonzero(cands.family == k)
-            above: list[tuple[float, float]] = []
-            for mb in sorted(set(cands.micro_batch[members].tolist()), reverse=True):
-                at = [int(i) for i in members if cands.micro_batch[i] == mb]
+            order = members[np.argsort(-cands.micro_batch[members], kind="stable")].tolist()
+            above: list[tuple[float, float]] = []  # the tightest cap from the larger micro-batches, once any
+            start = 0
+            while start < len(order):
+                mb = cands.micro_batch[order[start]]
+                end = start
+                while end < len(order) and cands.micro_batch[order[end]] == mb:
+                    end += 1
+                at = order[start:end]
                 if above:
                     for i in at:
                         changed |= i not in measured and hold(i, above)
-                above += [c for c in map(cap_of, at) if c is not None]
+                caps = above + [c for c in map(cap_of, at) if c is not None]
+                above = [(min(c[0] for c in caps), min(c[1] for c in caps))] if caps else []
+                start = end
         for i, lighter in siblings:
             caps = [c for c in map(cap_of, lighter.tolist()) if c is not None]
             if caps and i not in measured:

@@ -67,6 +67,7 @@ def launch_spec(settings: TuneSettings, ds_config: dict[str, Any], run_dir: Path
                       num_nodes=settings.num_nodes if settings.hostfile and not filtered else None,
                       hostfile=settings.hostfile, include=o.include, exclude=o.exclude, launcher=o.launcher,
                       launcher_args=o.launcher_args, no_ssh=o.no_ssh, master_addr=o.master_addr,
+                      runner_flags=o.runner_flags,
                       env=dict(settings.env), memory_limit_bytes=settings.memory_limit_bytes,
                       ds_config_flag=settings.command.ds_config_flag, stop_rule=stop_rule)
 

@@ -125,6 +125,9 @@ class LauncherOptions:
     master_addr: str | None = None
     master_port: int | None = None
     """None: a free port per run (zerotune's default, so a stale run cannot collide)."""
+    runner_flags: tuple[str, ...] = ()
+    """The runner's per-rank flags, as given: --no_local_rank (a script that takes no --local_rank argument),
+    --bind_cores_to_rank and --bind_core_list (numactl core binding, DeepSpeed's advice for CPU training)."""
 
 
 def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
@@ -192,13 +195,24 @@ def add_launcher_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no_ssh", action="store_true", help="deepspeed --no_ssh: each node runs the command itself")
     p.add_argument("--master_addr", help="deepspeed --master_addr (default: the runner's)")
     p.add_argument("--master_port", type=int, help="deepspeed --master_port (default: a free port per run)")
+    p.add_argument("--no_local_rank", action="store_true", help="deepspeed --no_local_rank: the script is not "
+                   "given --local_rank")
+    p.add_argument("--bind_cores_to_rank", action="store_true", help="deepspeed --bind_cores_to_rank: numactl "
+                   "binds each rank to its share of the cores")
+    p.add_argument("--bind_core_list", help="deepspeed --bind_core_list: the cores to bind, e.g. '0-7,16-23'")
 
 
 def _launcher_options(args: argparse.Namespace) -> LauncherOptions:
     return LauncherOptions(getattr(args, "include", None), getattr(args, "exclude", None),
                            getattr(args, "launcher", None), getattr(args, "launcher_args", None),
                            bool(getattr(args, "no_ssh", False)), getattr(args, "master_addr", None),
-                           getattr(args, "master_port", None))
+                           getattr(args, "master_port", None), _runner_flags(args))
+
+
+def _runner_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    flags = tuple(f"--{name}" for name in ("no_local_rank", "bind_cores_to_rank") if getattr(args, name, False))
+    core_list = getattr(args, "bind_core_list", None)
+    return flags + (("--bind_core_list", core_list) if core_list else ())
 
 
 def _resources(args: argparse.Namespace, devices_per_node: int) -> tuple[int, int]:
