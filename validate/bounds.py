@@ -5,6 +5,7 @@ stages a family's smaller micro-batch is never faster than a larger one (dominat
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -30,46 +31,73 @@ def _lighter(family: FamilyKey) -> list[FamilyKey]:
     return out
 
 
-def _lighter_siblings(cands: Candidates) -> list[tuple[int, np.ndarray]]:
-    """(candidate, its lighter siblings: the configurations of a _lighter family at the same micro-batch and
-    accumulation), the candidates with fewer additions first, so that a bound chains (ZeRO-3 with checkpointing
-    held to ZeRO-3 without, itself held to ZeRO-2). Computed once per Candidates: a bf16 script's space of
-    thousands of configurations had spent over ten minutes in the first choice recomputing it (2026-11-29)."""
-    cached = _SIBLINGS.get(id(cands))
+def _weight(family: FamilyKey) -> int:
+    """How many of _lighter's additions a family carries: a lighter family always carries fewer."""
+    return (family[0] == 3) + (family[1] != "none") + (family[2] != "none") + bool(family[3])
+
+
+@dataclass(frozen=True)
+class _Siblings:
+    """Candidates' lighter siblings (the configurations of a _lighter family at the same micro-batch and
+    accumulation), computed once per Candidates: a bf16 script's space of 77,824 configurations had spent over ten
+    minutes in the first choice recomputing them (2026-11-29)."""
+
+    group: np.ndarray
+    """Per candidate, its group: its family, micro-batch and samples per step (gain)."""
+    levels: list[tuple[np.ndarray, np.ndarray]]
+    """Per family weight, lightest first, so that a bound chains (ZeRO-3 with checkpointing held to ZeRO-3
+    without, itself held to ZeRO-2): (the candidates that have lighter siblings, per candidate the groups those
+    siblings form, padded with len(groups), an empty group)."""
+
+
+def _siblings(cands: Candidates) -> _Siblings:
+    cached = _CACHE.get(id(cands))
     if cached is not None and cached[0] is cands:
         return cached[1]
     index = {f: k for k, f in enumerate(cands.families)}
-    weight = lambda f: (f[0] == 3) + (f[1] != "none") + (f[2] != "none") + bool(f[3])  # noqa: E731
-    # the same micro-batch and accumulation: the same micro-batch and the same samples per step (gain)
-    by_key: dict[tuple[int, int, float], list[int]] = {}
-    for i, (k, mb, gain) in enumerate(zip(cands.family.tolist(), cands.micro_batch.tolist(), cands.gain.tolist())):
-        by_key.setdefault((k, mb, round(gain, 9)), []).append(i)
-    pairs = []
-    for k in sorted(range(len(cands.families)), key=lambda k: weight(cands.families[k])):
+    groups: dict[tuple[int, int, float], int] = {}
+    group = np.array([groups.setdefault((k, mb, round(gain, 9)), len(groups)) for k, mb, gain in
+                      zip(cands.family.tolist(), cands.micro_batch.tolist(), cands.gain.tolist())], dtype=int)
+    levels: dict[int, list[tuple[int, list[int]]]] = {}
+    for k in sorted(range(len(cands.families)), key=lambda k: _weight(cands.families[k])):
         lighter = [index[f] for f in _lighter(cands.families[k]) if f in index]
         if not lighter:
             continue
         for i in np.flatnonzero(cands.family == k).tolist():
             key = (int(cands.micro_batch[i]), round(float(cands.gain[i]), 9))
-            match = sorted(j for f in lighter for j in by_key.get((f, *key), ()))
-            if match:
-                pairs.append((i, np.array(match)))
-    _SIBLINGS.clear()  # one search at a time: keep the latest only
-    _SIBLINGS[id(cands)] = (cands, pairs)
-    return pairs
+            found = [groups[(f, *key)] for f in lighter if (f, *key) in groups]
+            if found:
+                levels.setdefault(_weight(cands.families[k]), []).append((i, found))
+    padded = []
+    for weight in sorted(levels):
+        rows = levels[weight]
+        width = max(len(found) for _, found in rows)
+        table = np.full((len(rows), width), len(groups), dtype=int)
+        for r, (_, found) in enumerate(rows):
+            table[r, :len(found)] = found
+        padded.append((np.array([i for i, _ in rows], dtype=int), table))
+    out = _Siblings(group, padded)
+    _CACHE.clear()  # one search at a time: keep the latest only
+    _CACHE[id(cands)] = (cands, out)
+    return out
 
 
-_SIBLINGS: dict[int, tuple[Candidates, list[tuple[int, np.ndarray]]]] = {}
+_CACHE: dict[int, tuple[Candidates, _Siblings]] = {}
 
 
 def shadowed(cands: Candidates, open_: np.ndarray, p_fit: np.ndarray) -> np.ndarray:
-    """Per candidate: whether a lighter sibling (_lighter_siblings) is still to run and likely fits (p_fit >= 0.5).
+    """Per candidate: whether a lighter sibling (_Siblings) is still to run and likely fits (p_fit >= 0.5).
     That sibling is at least as fast (dominated's bounds), so it runs first: a near-tie in the predictions (the CPU
     profile's ZeRO-3 at micro-batch 16 within 0.1% of ZeRO-2's) had the search run ZeRO-3 before ZeRO-2
     (2026-11-28, an LSTM script's tune over stages 0-3)."""
+    siblings = _siblings(cands)
     out = np.zeros(len(cands), dtype=bool)
-    for i, lighter in _lighter_siblings(cands):
-        out[i] = bool(np.any(open_[lighter] & (p_fit[lighter] >= 0.5)))
+    if not siblings.levels:
+        return out
+    waiting = np.zeros(int(siblings.group.max()) + 2, dtype=bool)  # per group, and the empty one
+    np.logical_or.at(waiting, siblings.group, open_ & (p_fit >= 0.5))
+    for idx, groups in siblings.levels:
+        out[idx] = waiting[groups].any(axis=1)
     return out
 
 
@@ -78,7 +106,7 @@ def dominated(cands: Candidates, observations: Sequence[Observation], goodness: 
     """(goodness, optimistic bound) held to what DeepSpeed's structure allows, whatever the model predicts.
 
     A configuration that runs a lighter sibling's step plus more work, at the same micro-batch and accumulation
-    (_lighter_siblings), is never faster than it; its one way to win is a micro-batch the sibling cannot fit.
+    (_Siblings), is never faster than it; its one way to win is a micro-batch the sibling cannot fit.
     - ZeRO-3 against ZeRO-2: ZeRO-3 runs what ZeRO-2 runs (the same forward and backward, gradients
       reduce-scattered from the same buckets into each rank's partition, the same partitioned optimizer step;
       DeepSpeed 0.19 runtime/zero/stage3.py and stage_1_and_2.py, both reduce_independent_p_g_buckets_and_
@@ -126,7 +154,14 @@ def dominated(cands: Candidates, observations: Sequence[Observation], goodness: 
         return changed
 
     families = [k for k, f in enumerate(cands.families) if f[5] == 1] if cands.larger_batch_better else []
-    siblings = _lighter_siblings(cands)
+    siblings = _siblings(cands)
+    n_groups = int(siblings.group.max()) + 1 if len(cands) else 0
+    measured_mask = np.zeros(len(cands), dtype=bool)
+    measured_value = np.zeros(len(cands))
+    for j, value in measured.items():
+        measured_mask[j], measured_value[j] = True, value
+    ran_mask = np.zeros(len(cands), dtype=bool)
+    ran_mask[list(ran)] = True
     for _ in range(4):  # until the chains settle (a ZeRO-3 micro-batch below one held to its ZeRO-2 sibling)
         changed = False
         for k in families:  # each micro-batch held to the next larger one, from the largest down
@@ -146,10 +181,22 @@ def dominated(cands: Candidates, observations: Sequence[Observation], goodness: 
                 caps = above + [c for c in map(cap_of, at) if c is not None]
                 above = [(min(c[0] for c in caps), min(c[1] for c in caps))] if caps else []
                 start = end
-        for i, lighter in siblings:
-            caps = [c for c in map(cap_of, lighter.tolist()) if c is not None]
-            if caps and i not in measured:
-                changed |= hold(i, [(max(c[0] for c in caps), max(c[1] for c in caps))])
+        for idx, groups in siblings.levels:  # lightest first: a level's siblings were all held before it
+            # each group's best cap (cap_of, vectorised): its measurement, else its held prediction and band
+            # where it likely fits and has not run; -inf where it bounds nothing
+            open_cap = ~ran_mask & (p_fit >= 0.5)
+            low = np.where(measured_mask, measured_value, np.where(open_cap, goodness, -np.inf))
+            high = np.where(measured_mask, measured_value + NOISE_STD, np.where(open_cap, bound, -np.inf))
+            best_low = np.full(n_groups + 1, -np.inf)
+            best_high = np.full(n_groups + 1, -np.inf)
+            np.maximum.at(best_low, siblings.group, low)
+            np.maximum.at(best_high, siblings.group, high)
+            cap_low, cap_high = best_low[groups].max(axis=1), best_high[groups].max(axis=1)
+            held = (cap_low > -np.inf) & ~measured_mask[idx]
+            g = np.where(held, np.minimum(goodness[idx], cap_low), goodness[idx])
+            b = np.where(held, np.minimum(bound[idx], cap_high), bound[idx])
+            changed |= bool(np.any(g < goodness[idx]) or np.any(b < bound[idx]))
+            goodness[idx], bound[idx] = g, b
         if not changed:
             break
     return goodness, bound
