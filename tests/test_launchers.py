@@ -101,7 +101,8 @@ def test_the_runners_per_rank_flags_reach_every_run_before_the_script(tmp_path: 
     settings = _settings(tmp_path, "--no_local_rank", "--bind_cores_to_rank", "--bind_core_list", "0-3")
     cmd = _command(settings, tmp_path)
     runner = cmd[:cmd.index(str(tmp_path / "train.py"))]
-    assert "--no_local_rank" in runner and "--bind_cores_to_rank" in runner and _flag(runner, "--bind_core_list") == "0-3"
+    assert "--no_local_rank" in runner and "--bind_cores_to_rank" in runner
+    assert _flag(runner, "--bind_core_list") == "0-3"
     (tmp_path / "plain").mkdir()
     plain = _command(_settings(tmp_path / "plain"), tmp_path)
     assert not {"--no_local_rank", "--bind_cores_to_rank", "--bind_core_list"} & set(plain)
