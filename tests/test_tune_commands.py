@@ -176,10 +176,21 @@ def test_user_script_command_and_model_from_a_profiling_run(tmp_path: Path) -> N
                                                             "inputs": [{"shape": [2, 512], "dtype": "int64"}]}))
         metrics = {"throughput": 4 / 0.8, "latency": 0.8e6}  # DeepSpeed's engine: 4 samples per step of 0.8 s
         return RunResult("ok", "", 0, 1.0, spec.run_dir, metrics)
-    profiled = profile_model(settings, engine)
+    lines: list[str] = []
+    profiled = profile_model(settings, engine, log=lines.append)
     from zerotune.predictor import load_model
     model = load_model(profiled.model_path)
     assert (model.num_layers, model.hidden_size, model.num_params) == (12, 768, 124_439_808)  # GPT-2 small
+    assert not any("warning" in line for line in lines)
+
+    def own_batch(spec: LaunchSpec) -> RunResult:  # the script feeds 4 samples a forward whatever the ds_config says
+        result = engine(spec)
+        rank0 = Path(f"{spec.env['ZEROTUNE_PROFILE_OUT']}.rank0.json")
+        rank0.write_text(rank0.read_text().replace("[2, 512]", "[4, 512]"))
+        return result
+    profile_model(settings, own_batch, log=lines.append)
+    assert any("first training forward took 4 samples where its DeepSpeed engine's micro-batch is 2" in line
+               and "autotuning.arg_mappings" in line for line in lines)
     assert profiled.seq_len == 512 and profiled.measurement is not None
     assert (profiled.measurement.step_s, profiled.measurement.peak_memory_bytes) == (pytest.approx(0.8), 2e9)
     # a script that failed before its engine started: --model would not help, the experiments would fail alike

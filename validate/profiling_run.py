@@ -162,6 +162,26 @@ def _check_followed(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig
                      f"config=args.{flag.lstrip('-')}), as DeepSpeed's autotuner also requires")
 
 
+def _warn_own_batch(settings: TuneSettings, profiled: ProfiledRun, cfg: DSConfig,
+                    log: Callable[[str], None]) -> None:
+    """A warning when the script's first training forward took another number of samples than its engine's
+    micro-batch: the script batches its data itself, from a flag of its own, so the micro-batch each experiment
+    sets changes nothing it runs unless autotuning.arg_mappings maps that flag (DeepSpeed's autotuner reads the
+    same key). Seen on this project's CPU VM (2026-11-29): the decoder fixture, whose --batch_size defaults to 4,
+    tuned without its mapping measured 8.4 samples/s at "micro-batch 1" against 18.6 predicted. A warning, not an
+    error: a model whose token ids come sequence first would read so too."""
+    engine = profiled.engine_micro_batch or cfg.train_micro_batch_size_per_gpu
+    if profiled.micro_batch is None or profiled.micro_batch == engine:
+        return
+    mapped = (autotuning_of(settings.doc, settings.num_nodes * settings.num_gpus).arg_mappings or {})
+    if "train_micro_batch_size_per_gpu" in mapped:
+        return
+    log(f"zerotune tune: warning: the script's first training forward took {profiled.micro_batch} samples where "
+        f"its DeepSpeed engine's micro-batch is {engine}: if the script batches its data itself from a flag of its "
+        f"own, map that flag in the ds_config's autotuning.arg_mappings (\"train_micro_batch_size_per_gpu\": "
+        f"\"--batch_size\", say), or no experiment will change what it runs")
+
+
 def _refuse_pipeline(settings: TuneSettings, prefix: Path, run_dir: Path) -> None:
     """ValueError (one line) when the script handed deepspeed.initialize a PipelineModule (the site records it
     before the engine starts): DeepSpeed's pipeline engine trains through train_batch(), where the engine's
@@ -326,6 +346,7 @@ def profile_model(settings: TuneSettings, launcher: Launcher = launch,
             f"{first_try.zero.stage}: stages below {cfg.zero.stage} are left out (list only them in "
             f"zero_optimization.stage to tune them anyway)")
     _check_followed(settings, profiled, cfg, run_dir)
+    _warn_own_batch(settings, profiled, cfg, log)
     seq_len, precision = settings.seq_len or profiled.seq_len, precision_of_dtype(profiled.dtype)
     as_run = replace(settings, script_checkpointing=profiled.activation_checkpointing, script_precision=precision)
     cfg = as_the_script_runs(_script_optimizer(settings.doc, profiled.optimizer_impl, cfg), as_run)
