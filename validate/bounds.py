@@ -4,6 +4,7 @@ stages a family's smaller micro-batch is never faster than a larger one (dominat
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -168,19 +169,13 @@ def dominated(cands: Candidates, observations: Sequence[Observation], goodness: 
             members = np.flatnonzero(cands.family == k)
             order = members[np.argsort(-cands.micro_batch[members], kind="stable")].tolist()
             above: list[tuple[float, float]] = []  # the tightest cap from the larger micro-batches, once any
-            start = 0
-            while start < len(order):
-                mb = cands.micro_batch[order[start]]
-                end = start
-                while end < len(order) and cands.micro_batch[order[end]] == mb:
-                    end += 1
-                at = order[start:end]
+            for _, same_mb in itertools.groupby(order, key=lambda i: cands.micro_batch[i]):
+                at = list(same_mb)
                 if above:
                     for i in at:
                         changed |= i not in measured and hold(i, above)
                 caps = above + [c for c in map(cap_of, at) if c is not None]
                 above = [(min(c[0] for c in caps), min(c[1] for c in caps))] if caps else []
-                start = end
         for idx, groups in siblings.levels:  # lightest first: a level's siblings were all held before it
             # each group's best cap (cap_of, vectorised): its measurement, else its held prediction and band
             # where it likely fits and has not run; -inf where it bounds nothing
