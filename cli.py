@@ -20,6 +20,7 @@ from zerotune.calibrate.ingest import read_measurements
 from zerotune.calibrate.launch import terminate_as_interrupt
 from zerotune.calibrate.profiles import check_writable, default_profile_path, load_profile
 from zerotune.predictor import Efficiency, experiment_name, load_hardware
+from zerotune.predictor.ds_json import refuse_non_objects
 from zerotune.predictor.rank import Uncertainty, evaluate_space
 from zerotune.predictor.space import EXPLORABLE, space_from_ds_config
 from zerotune.predictor.units import GIB
@@ -166,15 +167,17 @@ def _explore(text: str) -> tuple[str, ...]:
 def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Flags override the ds_config, the way DeepSpeed's autotuner overrides keys per experiment."""
     doc = dict(doc)
-    if "zero_optimization" in doc and not isinstance(doc["zero_optimization"], dict):
-        raise ValueError(f"ds_config zero_optimization must be an object, e.g. {{\"stage\": 2}}, got "
-                         f"{doc['zero_optimization']!r}")
+    refuse_non_objects(doc)  # the sections the flags write into among them
     zero = dict(doc.get("zero_optimization") or {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
     for flag in ("offload_optimizer", "offload_param"):
         if getattr(args, flag) is not None:
-            zero[flag] = {**(zero.get(flag) or {}), "device": getattr(args, flag)}
+            section = zero.get(flag) or {}
+            if not isinstance(section, dict):
+                raise ValueError(f"ds_config zero_optimization.{flag} must be an object, e.g. {{\"device\": \"cpu\"}}, "
+                                 f"got {json.dumps(section)[:40]}; fix it or drop --{flag}")
+            zero[flag] = {**section, "device": getattr(args, flag)}
     doc["zero_optimization"] = zero
     if args.micro_batch is not None and args.grad_accum is not None:
         doc.pop("train_batch_size", None)  # re-derived from the pair given
@@ -319,8 +322,12 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 _SHOWN: set[str] = set()
-"""Warnings already printed: the ds_config is parsed once per space, variant and experiment, and each parse may
+"""Warnings already shown: the ds_config is parsed once per space, variant and experiment, and each parse may
 warn the same thing (an "auto" precision); the user reads it once."""
+_PENDING: list[str] = []
+"""Warnings not printed yet: each waits for the verb's next line of output (or its successful end), so that a
+mistake found after a warning is the one line the user reads (a ds_config with an unknown key and a stage 9 had
+printed the key's warning, then the stage's error)."""
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -328,7 +335,26 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     text = f"zerotune: warning: {message}"
     if text not in _SHOWN:
         _SHOWN.add(text)
-        print(text, file=sys.stderr)
+        _PENDING.append(text)
+
+
+def _flush_warnings() -> None:
+    while _PENDING:
+        print(_PENDING.pop(0), file=sys.stderr)
+
+
+class _WarningsFirst:
+    """Standard output that prints the pending warnings to stderr before its own text."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        _flush_warnings()
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -339,18 +365,23 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
+    stdout, sys.stdout = sys.stdout, _WarningsFirst(sys.stdout)
     try:
         with terminate_as_interrupt():
-            return {"predict": _predict, "calibrate": _calibrate, "tune": run_tune}[args.verb](args)
+            code = {"predict": _predict, "calibrate": _calibrate, "tune": run_tune}[args.verb](args)
+        _flush_warnings()
+        return code
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP: the launcher has stopped every rank it started
         print("zerotune: interrupted; every rank it started was stopped", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a run that could not be measured, said in one line
+        _PENDING.clear()  # the error is the line to read
         if args.debug:
             traceback.print_exc()
         print(f"zerotune: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
+        _PENDING.clear()
         if isinstance(exc, BrokenPipeError):  # output piped into `head`: not an error
             sys.stderr.close()
             return 0
@@ -361,11 +392,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"permissions", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # a bug, not the user's mistake: one line, where to report it, the trace on --debug
+        _PENDING.clear()
         if args.debug:
             traceback.print_exc()
         print(f"zerotune: internal error: {type(exc).__name__}: {_one_line(exc)}; please report it to {REPORT_TO}",
               file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        sys.stdout = stdout
+        _flush_warnings()  # an interrupted run's
 
 
 if __name__ == "__main__":

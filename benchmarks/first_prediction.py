@@ -61,6 +61,7 @@ SCRIPT_LIST = (
     Script("moe", "mixtral_moe_loop.py", "loop"), Script("seq2seq", "seq2seq_transformer.py", "loop"),
     Script("albert", "albert_mlm_loop.py", "loop", ds_optimizer=True),
     Script("mlp", "mlp_regression.py", "loop", ds_optimizer=True), Script("nanogpt", "nanogpt_loop.py", "loop"),
+    Script("gru_trainer", "gru_classifier_trainer.py", "trainer"),
 )
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"
 _PROFILE = re.compile(rf"profiling run (\S+): measured {_NUMBER} samples/s, predicted {_NUMBER} \(band {_NUMBER}-"

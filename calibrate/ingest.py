@@ -40,6 +40,7 @@ PATH is one of
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -49,7 +50,7 @@ from typing import Any, Callable, Iterator
 
 from zerotune.calibrate.measurement import Measurement, read_jsonl
 from zerotune.predictor import DSConfig, load_hardware, load_model, parse_ds_config
-from zerotune.predictor.catalog import nearest
+from zerotune.predictor.catalog import nearest, read_user_text
 from zerotune.predictor.limits import MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_SEQ_LEN
 
 __all__ = ["read_measurements", "read_autotuning", "read_table", "TABLE_COLUMNS", "REQUIRED_COLUMNS"]
@@ -79,7 +80,7 @@ def read_measurements(path: str | Path, model: str | None = None, hardware: str 
     if path.suffix.lower() == ".csv":
         return read_table(path, model, hardware, seq_len)
     if path.suffix.lower() == ".jsonl":
-        first = next((line for line in path.read_text().splitlines() if line.strip()), "")
+        first = next((line for line in read_user_text(path).splitlines() if line.strip()), "")
         try:
             is_record = "ds_config" in json.loads(first)
         except (json.JSONDecodeError, TypeError):
@@ -93,7 +94,8 @@ def read_measurements(path: str | Path, model: str | None = None, hardware: str 
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) from a CSV with a header or a JSONL of objects."""
     if path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8-sig") as f:  # Excel's "CSV UTF-8" starts with a BOM
+        # Excel's "CSV UTF-8" starts with a BOM (read_user_text drops it); newlines inside quoted fields are kept
+        with io.StringIO(read_user_text(path), newline="") as f:
             reader = csv.DictReader(f)
             try:
                 _check_columns(f"{path}:1", reader.fieldnames or [])
@@ -104,7 +106,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             except csv.Error as exc:  # a field over the csv module's limit, a stray quote or NUL byte
                 raise ValueError(f"{path}:{reader.line_num}: not readable as CSV ({exc}); fix the row") from None
         return
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_user_text(path).splitlines(), 1):
         if line.strip():
             try:
                 row = json.loads(line)
@@ -261,7 +263,7 @@ _PROFILE_RUN = "profile_model_info"  # the autotuner's model-profiling run: no t
 
 def _json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_user_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON ({exc.msg}); the autotuning folder is damaged") from None
 

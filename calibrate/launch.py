@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping
 from zerotune.calibrate.atomic import write_json_atomic, write_text_atomic
 from zerotune.calibrate.engine_timers import step_times_s
 from zerotune.calibrate.environment import collect_environment
+from zerotune.predictor.catalog import read_user_text
 
 __all__ = ["read_hostfile", "check_accelerator_here", "ACCELERATOR_TOOLS", "ACCELERATOR_NODES", "LaunchSpec",
            "RunResult", "deepspeed_command", "deepspeed_executable", "launch", "free_port", "classify",
@@ -99,7 +100,7 @@ def check_accelerator_here(kind: str, hardware: str, hostfile: Path | None) -> N
 def read_hostfile(path: Path) -> list[tuple[str, int]]:
     """(host, slots) per line of a DeepSpeed hostfile ('worker-0 slots=8'; '#' starts a comment)."""
     try:
-        text = Path(path).read_text()
+        text = read_user_text(path)
     except OSError as exc:
         raise ValueError(f"--hostfile {path}: cannot read it ({exc.strerror}); give a readable DeepSpeed "
                          f"hostfile of 'host slots=N' lines") from None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, get_args
 
 from zerotune.predictor import ClusterSpec, DSConfig, Job, load_hardware, load_model, parse_ds_config, to_ds_config
+from zerotune.predictor.catalog import read_user_text
 
 __all__ = ["Measurement", "Status", "to_record", "from_record", "append_jsonl", "read_jsonl"]
 
@@ -55,6 +56,23 @@ class Measurement:
     """Why a run that is not ok failed, in one line."""
 
     def __post_init__(self) -> None:
+        where = f"measurement from {self.source if isinstance(self.source, str) and self.source else 'unknown source'}"
+        for name in ("model", "hardware", "source", "reason"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{where}: {name} must be a string, got {getattr(self, name)!r}")
+        for name in ("num_nodes", "num_gpus_per_node", "seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: {name} must be a whole number of at least 1, got {value!r}")
+        for name in ("step_s", "throughput_samples_per_s", "step_s_rel_error", "peak_memory_bytes",
+                     "reserved_memory_bytes", "forward_s", "backward_s", "optimizer_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{where}: {name} must be a number, got {value!r}")
+        for name in ("forward_s", "backward_s", "optimizer_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{where}: {name} must be a number >= 0, got {value!r}")
         if self.status not in get_args(Status):
             raise ValueError(f"measurement status must be one of {', '.join(get_args(Status))}, got {self.status!r}")
         if self.status == "ok" and self.step_s is None and self.throughput_samples_per_s is None:
@@ -138,7 +156,7 @@ def append_jsonl(path: Path, measurements: Iterable[Measurement]) -> None:
 
 def read_jsonl(path: Path) -> list[Measurement]:
     out = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_user_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -20,7 +20,7 @@ from zerotune.calibrate.atomic import write_json_atomic
 from zerotune.calibrate.measurement import Measurement, from_record
 from zerotune.predictor import Efficiency
 from zerotune.predictor.rank import Uncertainty
-from zerotune.predictor.catalog import data_dir, nearest, safe_name
+from zerotune.predictor.catalog import data_dir, nearest, read_user_text, safe_name
 
 __all__ = ["CalibrationProfile", "FitQuality", "FitUncertainty", "save_profile", "load_profile",
            "default_profile_path", "shipped_profile_path", "user_profiles_dir", "find_profile", "check_writable",
@@ -235,7 +235,7 @@ def _uncertainty(where: str, doc: Any) -> FitUncertainty:
 def load_profile(path: Path) -> CalibrationProfile:
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_user_text(path))
     except FileNotFoundError:
         raise ValueError(f"profile {path}: no such file; run zerotune calibrate or give an existing path") from None
     except json.JSONDecodeError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["count_saved", "count_flops", "rnn_flops", "outer_saved_tensor_hooks", "RNN_GATES"]
+__all__ = ["count_saved", "count_flops", "rnn_flops", "outer_saved_tensor_hooks", "op_counter", "RNN_GATES"]
 
 
 def outer_saved_tensor_hooks(torch: Any) -> bool:
@@ -90,10 +90,13 @@ def count_flops(module: Any, state: dict[str, Any]) -> None:
     """FLOPs of the module's first forward with gradients (torch.utils.flop_counter.FlopCounterMode: matmuls and
     convolutions by their shapes), with the batch it ran; the counter is left after that forward. A recurrent layer
     the counter saw nothing of (torch 2.13's CPU nn.LSTM runs one fused aten op that has no FLOP formula; its GRU
-    decomposes into counted matmuls) is counted by hand (rnn_flops)."""
+    decomposes into counted matmuls) is counted by hand (rnn_flops). The same forward's dispatched ATen ops are
+    counted too (op_counter): each costs the host its dispatch, which is what a model of many small ops spends its
+    time on (torch 2.13's CPU nn.GRU: about 9,800 ops a forward at any batch, where its fused nn.LSTM runs 20)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
     counter = FlopCounterMode(display=False)
+    ops = op_counter(torch)
     active: list[bool] = []
     uncounted: list[int] = []
     marks: dict[int, int] = {}  # a recurrent module's id -> what the counter held as it began
@@ -101,13 +104,16 @@ def count_flops(module: Any, state: dict[str, Any]) -> None:
     def enter(_module: Any, args: tuple[Any, ...]) -> None:
         if not active and not state["model_forward_flops"] and torch.is_grad_enabled():
             counter.__enter__()
+            ops.__enter__()
             active.append(True)
 
     def leave(*_: Any) -> None:
         if active:
+            ops.__exit__(None, None, None)
             counter.__exit__(None, None, None)
             active.clear()
             state["model_forward_flops"] = int(counter.get_total_flops()) + sum(uncounted)
+            state["model_forward_ops"] = ops.count
             for handle in handles:
                 handle.remove()
 
@@ -124,3 +130,19 @@ def count_flops(module: Any, state: dict[str, Any]) -> None:
     handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
     for rnn in (m for m in module.modules() if isinstance(m, torch.nn.RNNBase)):
         handles += [rnn.register_forward_pre_hook(rnn_enter), rnn.register_forward_hook(rnn_leave)]
+
+
+def op_counter(torch: Any) -> Any:
+    """A dispatch mode that counts the ATen ops run inside it (views and in-place ops included: each costs the host
+    a dispatch), each passed on unchanged."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+            self.count += 1
+            return func(*args, **(kwargs or {}))
+    return OpCounter()

@@ -21,7 +21,7 @@ from zerotune.predictor.model import ModelSpec
 from zerotune.predictor.units import GIB, GIGA, MICRO, NANO, TERA
 
 __all__ = ["data_dir", "load_model", "load_hardware", "list_models", "list_hardware", "nearest", "safe_name",
-           "MODEL_LIMITS", "HARDWARE_LIMITS"]
+           "read_user_text", "MODEL_LIMITS", "HARDWARE_LIMITS"]
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
@@ -59,9 +59,19 @@ def list_hardware() -> list[str]:
     return list(_entries("hardware"))
 
 
+def read_user_text(path: Path | str) -> str:
+    """A file the user gave, as text: UTF-8, a byte-order mark allowed; ValueError (one line) naming the file where
+    it is not UTF-8 (a UTF-16 file, as some Windows editors save)."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); save the file "
+                         f"as UTF-8") from None
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(read_user_text(path))
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the syntax") from None
     if not isinstance(doc, dict):
@@ -111,6 +121,7 @@ MODEL_LIMITS: dict[str, int] = {
     "attention_head_dim": 2**16, "frozen_layer_params": 10**15, "frozen_outer_params": 10**15,
     "adapter_params": 10**15, "num_adapter_tensors": 2**24, "num_experts": 2**12, "experts_per_token": 2**12,
     "cross_attention_layers": 4096, "shared_expert_ffn_size": 2**22, "distinct_layers": 4096,
+    "dispatched_forward_ops": 10**8,
 }
 """Largest accepted value of each integer model field: several times the largest published transformer
 (126 layers, hidden 25,600, vocabulary 256k, 10M positions), small enough that the per-tensor and per-size
@@ -118,7 +129,7 @@ arrays stay in memory. A larger value is a typo or a different unit (a parameter
 _MODEL_MIN_ZERO = {"vocab_size", "type_vocab_size", "relative_position_buckets", "conv_kernel_size",
                    "published_num_params", "attention_head_dim", "frozen_layer_params", "frozen_outer_params",
                    "adapter_params", "num_adapter_tensors", "num_experts", "cross_attention_layers",
-                   "shared_expert_ffn_size", "distinct_layers"}
+                   "shared_expert_ffn_size", "distinct_layers", "dispatched_forward_ops"}
 
 
 def _model_integers(where: Path | str, doc: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from zerotune.predictor.ds_keys import (ACTIVATION_CHECKPOINTING_KEYS, AUTOTUNIN
                                         ZERO_KEYS)
 from zerotune.predictor.limits import DS_CONFIG_MAXIMA, DS_CONFIG_MINIMA
 
-__all__ = ["parse_ds_config", "to_ds_config", "resolve_batch", "lax_number"]
+__all__ = ["parse_ds_config", "to_ds_config", "resolve_batch", "lax_number", "refuse_non_objects"]
 
 def _refuse_removed(doc: dict[str, Any]) -> None:
     for key, reason in REMOVED_TOP_LEVEL_KEYS.items():
@@ -141,8 +141,9 @@ def _int(sec: dict[str, Any], path: str, key: str, default: int | None, minimum:
 def _offload(zero: dict[str, Any], key: str, allowed: frozenset[str], buffer_count: int) -> OffloadConfig:
     path = f"zero_optimization.{key}"
     sec = _section(zero, key, allowed, strict=True, path=path)
-    device = sec.get("device", "none") or "none"
-    if device not in ("none", "cpu", "nvme"):
+    device = sec.get("device")
+    device = "none" if device is None else device  # JSON null: DeepSpeed's default; false or 0 is no device name
+    if isinstance(device, bool) or device not in ("none", "cpu", "nvme"):
         raise ValueError(f"ds_config {path}.device must be none, cpu or nvme, got {device!r}")
     ratio = sec.get("ratio")  # DeepSpeed's DeepSpeedZeroOffloadOptimizerConfig: 0 <= ratio <= 1
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1):
@@ -160,10 +161,17 @@ def _alias(sec: dict[str, Any], name: str) -> str:
 def _zero(doc: dict[str, Any], hidden_size: int | None) -> ZeroConfig:
     sec = _section(doc, "zero_optimization", ZERO_KEYS, strict=True)
     p = "zero_optimization"
+    if sec.get("stage") == AUTO:
+        raise ValueError("ds_config zero_optimization.stage \"auto\" is not a stage DeepSpeed can run (its config "
+                         "wants a number); give 0, 1, 2 or 3 (zerotune predict --rank and tune also take a list or "
+                         "\"all\")")
     stage = _int(sec, p, "stage", 0)
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ds_config zero_optimization.stage must be 0, 1, 2 or 3, got {stage}")
     hh = hidden_size * hidden_size if hidden_size else None  # Hugging Face's values for "auto"
+    if sec.get("cpu_offload") is not None and not isinstance(sec["cpu_offload"], bool):
+        raise ValueError(f"ds_config zero_optimization.cpu_offload must be true or false, got "
+                         f"{json.dumps(sec['cpu_offload'])[:40]}; or give offload_optimizer {{\"device\": \"cpu\"}}")
     if sec.get("cpu_offload") is True:  # deprecated spelling of offload_optimizer.device = cpu
         sec = {**sec, "offload_optimizer": {"device": "cpu"}}
     overlap = sec.get("overlap_comm")
@@ -225,7 +233,11 @@ def _optimizer(doc: dict[str, Any]) -> tuple[str, float]:
     elif not isinstance(params, dict):
         raise ValueError(f"ds_config optimizer.params must be an object, e.g. {{\"lr\": 0.0001}}, got {params!r}")
     momentum = params.get("momentum", 0.0)
-    momentum = 0.0 if momentum == AUTO or not isinstance(momentum, (int, float)) else float(momentum)
+    if momentum is not None and momentum != AUTO and (isinstance(momentum, bool)
+                                                      or not isinstance(momentum, (int, float))
+                                                      or not math.isfinite(momentum)):
+        raise ValueError(f"ds_config optimizer.params.momentum must be a number, got {json.dumps(momentum)[:40]}")
+    momentum = 0.0 if momentum is None or momentum == AUTO else float(momentum)
     name = opt["type"].lower().replace("_", "")
     if name not in KNOWN_OPTIMIZERS:
         warnings.warn(f"ds_config optimizer.type {opt['type']!r} is not one zerotune knows "
@@ -344,7 +356,8 @@ OBJECT_SECTIONS = frozenset({
 there stops its engine (DeepSpeedZeroConfig(**null) raises a TypeError), so zerotune refuses it up front."""
 
 
-def _refuse_non_objects(doc: dict[str, Any]) -> None:
+def refuse_non_objects(doc: dict[str, Any]) -> None:
+    """ValueError (one line) when a top-level key DeepSpeed reads as a section (OBJECT_SECTIONS) is not an object."""
     for key in sorted(OBJECT_SECTIONS & set(doc)):
         value = doc[key]
         if not isinstance(value, dict):
@@ -357,7 +370,7 @@ def parse_ds_config(doc: Any, *, world_size: int = 1, hidden_size: int | None = 
     """A DSConfig from a ds_config dict; `hidden_size` resolves Hugging Face "auto" bucket sizes."""
     if not isinstance(doc, dict):
         raise ValueError(f"ds_config must be a JSON object, got {type(doc).__name__}")
-    _refuse_non_objects(doc)
+    refuse_non_objects(doc)
     clip = doc.get("gradient_clipping")
     if clip is not None and clip != AUTO and (isinstance(clip, bool) or not isinstance(clip, (int, float))
                                               or not math.isfinite(clip) or clip < 0):

@@ -5,10 +5,11 @@ an encoder-decoder. zerotune.predictor.catalog.load_model reads a config.json gi
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from zerotune.predictor.catalog import _model_integers
+from zerotune.predictor.catalog import _model_integers, read_user_text
 from zerotune.predictor.model import ModelSpec
 
 __all__ = ["model_from_hf_config", "model_from_hf_dict", "HF_WIDTH_KEYS"]
@@ -72,8 +73,9 @@ def _hf_label(cfg: dict[str, Any], path: Path) -> str:
 def model_from_hf_config(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json offline (no hub access) into a ModelSpec."""
     path = Path(path)
+    text = read_user_text(path)
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except (ValueError, RecursionError) as exc:  # past the decoder's limits (nesting, 4300+ digit integers)
@@ -108,9 +110,11 @@ def model_from_hf_dict(cfg: dict[str, Any], name: str, source: str, path: Path |
         source=source,
     )
     try:
-        return ModelSpec(**{**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, path)})
+        fields = {**common, **_hf_family(model_type, cfg), **_hf_experts(cfg, path)}
+        return ModelSpec(**_model_integers(path, fields))  # each integer in the catalog's range
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        text = str(exc)
+        raise ValueError(text if text.startswith(str(path)) else f"{path}: {text}") from None
 
 
 def _opt_projection(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -198,6 +202,26 @@ Llama-style rope_theta, RoFormer's rotary_value: its sinusoidal table is a froze
 parameter, 0.1% of roformer-base, not a learned hidden-wide one)."""
 
 
+def _int_key(cfg: dict[str, Any], key: str, default: int) -> int:
+    """A family's own integer key (token types, DeBERTa's buckets); ValueError naming the key where it is not a whole
+    number. Ranges are the catalog's (model_from_hf_dict checks the fields they fill)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not float(value).is_integer():
+        raise ValueError(f"config key {key} must be a whole number, got {json.dumps(value)[:40]}")
+    return int(value)
+
+
+def _section(cfg: dict[str, Any], key: str) -> dict[str, Any]:
+    """A nested config object (MPT's attn_config); {} where absent; ValueError naming the key where not an object."""
+    value = cfg.get(key) or {}
+    if not isinstance(value, dict):
+        raise ValueError(f"config key {key} must be an object, e.g. {{\"alibi\": true}}, got {json.dumps(value)[:40]}")
+    return value
+
+
 def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
     """Traits any family's config states through its keys: rotary, ALiBi (BLOOM) or T5's bucketed relative
     positions (no position table in any), a gated MLP (SiLU's SwiGLU in the Llama lineage, T5's gated-gelu)."""
@@ -205,7 +229,7 @@ def _hf_traits(cfg: dict[str, Any]) -> dict[str, Any]:
     model_type = cfg.get("model_type")
     if any(cfg.get(k) is not None for k in _ROTARY_KEYS) or cfg.get("position_embedding_type") == "rotary":
         out["position_embedding"] = "rotary"
-    elif cfg.get("alibi") or (cfg.get("attn_config") or {}).get("alibi") or model_type == "bloom":
+    elif cfg.get("alibi") or _section(cfg, "attn_config").get("alibi") or model_type == "bloom":
         out["position_embedding"] = "none"
     elif cfg.get("relative_attention_num_buckets"):
         out["position_embedding"] = "relative"  # T5's bias table: buckets x heads, a few hundred values
@@ -275,25 +299,25 @@ def _hf_family(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if model_type == "gpt_neo":
         return {**_hf_traits(cfg), "qkv_bias": False, "attention_upcast": "scores"}
     if model_type in ("bert", "roberta"):
-        return {**_hf_traits(cfg), **dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
+        return {**_hf_traits(cfg), **dict(type_vocab_size=_int_key(cfg, "type_vocab_size", 2), embedding_norm=True,
                                           final_norm=False, head="pooler")}
     if model_type in ("electra", "albert"):
         # BERT's embeddings (token types, a norm) at their own width, projected up to the blocks' (embedding_size);
         # ElectraModel has no pooler, AlbertModel a pooler and blocks that share their weights (_albert_layers).
-        width = int(cfg.get("embedding_size") or cfg.get("hidden_size") or 0)
-        return {**_hf_traits(cfg), **dict(type_vocab_size=int(cfg.get("type_vocab_size", 2)), embedding_norm=True,
+        width = _int_key(cfg, "embedding_size", 0) or _int_key(cfg, "hidden_size", 0)
+        return {**_hf_traits(cfg), **dict(type_vocab_size=_int_key(cfg, "type_vocab_size", 2), embedding_norm=True,
                                           final_norm=False, head="pooler" if model_type == "albert" else "none",
                                           embedding_size=width if width != cfg.get("hidden_size") else 0),
                 **(_albert_layers(cfg) if model_type == "albert" else {})}
     if model_type == "distilbert":
         return {**_hf_traits(cfg), **dict(embedding_norm=True, final_norm=False, head="none")}
     if model_type == "deberta-v2":
-        buckets = int(cfg.get("position_buckets", -1))
-        rel = buckets if buckets > 0 else int(cfg.get("max_relative_positions", -1))
-        rel = rel if rel > 0 else int(cfg.get("max_position_embeddings", 512))
+        buckets = _int_key(cfg, "position_buckets", -1)
+        rel = buckets if buckets > 0 else _int_key(cfg, "max_relative_positions", -1)
+        rel = rel if rel > 0 else _int_key(cfg, "max_position_embeddings", 512)
         positions = "learned" if cfg.get("position_biased_input", True) else "relative"
         return {**_hf_traits(cfg), **dict(
-            position_embedding=positions, type_vocab_size=int(cfg.get("type_vocab_size", 0)), embedding_norm=True,
+            position_embedding=positions, type_vocab_size=_int_key(cfg, "type_vocab_size", 0), embedding_norm=True,
             final_norm=False, head="none", relative_position_buckets=rel if cfg.get("relative_attention") else 0,
-            conv_kernel_size=int(cfg.get("conv_kernel_size", 0)))}
+            conv_kernel_size=_int_key(cfg, "conv_kernel_size", 0))}
     return {}

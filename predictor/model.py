@@ -189,6 +189,13 @@ class ModelSpec:
     gradients, optimizer states and their traffic are those of distinct_layers blocks. A shared weight's gradient
     sums over its passes before autograd's AccumulateGrad runs once for it, so its hook fires, and its reduction
     can start, only when backward has passed its first use. 0: every block holds its own."""
+    dispatched_forward_ops: int = 0
+    """ATen ops the model's forward was counted dispatching, where its structure is not read (a stand-in's, from the
+    profiling run's first forward, calibrate/site_counts.py op_counter); 0: its kernels are counted from the
+    structure (ops.py). Each costs the host a launch (HardwareSpec.kernel_launch_us), however small its tensors:
+    torch 2.13's CPU nn.GRU runs about 9,800 ops a forward and 13,900 a backward at any batch size (2 layers, both
+    directions, 128 positions; 165 ms of its 2-rank micro-batch-1 step on one core, 2026-11-30), which a stand-in
+    of two GEMMs per block does not dispatch. Backward runs BACKWARD_OPS_PER_FORWARD times as many."""
     vocab_padding_multiple: int = 0
     """A framework that pads the vocabulary's rows before splitting them over tensor-parallel ranks: Megatron-LM and
     Megatron-DeepSpeed pad vocab_size up to a multiple of make_vocab_size_divisible_by (default 128) x the
@@ -222,7 +229,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: num_experts {self.num_experts} and experts_per_token "
                              f"{self.experts_per_token}: give 0 experts (a dense MLP) or at least as many as a token "
                              f"is routed to")
-        for field in ("frozen_layer_params", "frozen_outer_params", "adapter_params", "num_adapter_tensors"):
+        for field in ("frozen_layer_params", "frozen_outer_params", "adapter_params", "num_adapter_tensors",
+                      "dispatched_forward_ops"):
             if getattr(self, field) < 0:
                 raise ValueError(f"model {self.name!r}: {field} must be 0 or positive, got {getattr(self, field)}")
         if not 0 <= self.cross_attention_layers <= self.num_layers:

@@ -36,8 +36,13 @@ from zerotune.predictor.model import ModelSpec
 __all__ = ["DeviceRates", "device_rates", "gemm_s", "gemm_flops", "cold_weight_s", "fresh_s", "fresh_write_s",
            "PhaseTimes", "layer_times",
            "outer_times", "FLASH_BACKWARD_PER_FORWARD", "TILE_ELEMS", "ELEMENT_BYTES", "MHA_RW_ELEMS",
-           "MHA_CROSS_RW_ELEMS", "TENSOR_CORE_ALIGN_BYTES", "MISALIGNED_GEMM_SLOWDOWN"]
+           "MHA_CROSS_RW_ELEMS", "TENSOR_CORE_ALIGN_BYTES", "MISALIGNED_GEMM_SLOWDOWN", "BACKWARD_OPS_PER_FORWARD"]
 
+BACKWARD_OPS_PER_FORWARD = 1.4
+"""ATen ops autograd dispatches in backward per op of the forward, for a model whose forward's ops were counted
+(ModelSpec.dispatched_forward_ops): counted under a dispatch mode in torch 2.13 on the CPU, a 2-layer bidirectional
+nn.GRU 1.42 (4,897 and 6,954), a conv-batchnorm-ReLU stack 1.42, a 4-layer nn.TransformerEncoder 1.38; a fused
+nn.LSTM 1.15, a linear-GELU-LayerNorm stack 3.4 (2026-11-30)."""
 FLASH_BLOCK_ELEMS = 128
 """Query block of a flash attention kernel (FlashAttention-2's forward tiles of 128 rows on Ampere / Hopper)."""
 FLASH_BACKWARD_PER_FORWARD = 2.5

@@ -37,7 +37,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from zerotune.predictor.ds_json import lax_number, parse_ds_config
+from zerotune.predictor.ds_json import lax_number, parse_ds_config, resolve_batch
 from zerotune.predictor.dsconfig import ActivationCheckpointing, DSConfig
 from zerotune.predictor.limits import DS_CONFIG_MAXIMA, MAX_GRAD_ACCUM, MAX_MICRO_BATCH
 
@@ -108,6 +108,9 @@ def explorable_on(explore: Iterable[str], hardware_kind: str) -> tuple[str, ...]
     return tuple(e for e in explore if not (e == "offload" and hardware_kind == "cpu"))
 
 
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
 def _values(doc: dict[str, Any], key: str, path: str) -> list[Any] | None:
     """A key's values to try: a list as given, a scalar as a one-item list, None when absent or "auto"."""
     value = doc.get(key)
@@ -120,17 +123,21 @@ def _values(doc: dict[str, Any], key: str, path: str) -> list[Any] | None:
 
 
 def _stages(zero: dict[str, Any]) -> list[int]:
+    if zero.get("stage") == "auto":  # _values reads "auto" as absent; a stage is not one of Hugging Face's "auto"s
+        raise ValueError("ds_config zero_optimization.stage \"auto\" is not a stage DeepSpeed can run; give 0, 1, 2, "
+                         "3, a list of them or \"all\"")
     values = _values(zero, "stage", "zero_optimization.stage") or ["all"]
-    if "all" in values:
-        return [0, 1, 2, 3]
-    stages = []
+    stages: set[int] = set()
     for value in values:
+        if value == "all":
+            stages |= {0, 1, 2, 3}
+            continue
         value = lax_number(value)  # DeepSpeed's pydantic config runs "2" and "2.0" as stage 2
         if isinstance(value, bool) or value not in (0, 1, 2, 3):
             raise ValueError(f"ds_config zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2, 3, "
                              f"a list of them or \"all\"")
-        stages.append(int(value))
-    return sorted(set(stages))
+        stages.add(int(value))
+    return sorted(stages)
 
 
 def _positive_ints(values: list[Any], path: str, maximum: int) -> tuple[int, ...]:
@@ -180,10 +187,14 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
         raise ValueError(f"ds_config autotuning must be an object, e.g. {{\"metric\": \"throughput\"}}, got "
                          f"{autotuning!r}")
     fast = autotuning.get("fast") is True
-    scalar = {k: v for k, v in doc.items() if k not in ("zero_optimization", "train_batch_size",
-                                                       "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    scalar = {k: v for k, v in doc.items() if k not in ("zero_optimization", *_BATCH_KEYS)}
     base = parse_ds_config(scalar, world_size=world_size, hidden_size=hidden_size)
     dp = base.dp_size(world_size)
+    given = {k: doc[k] for k in _BATCH_KEYS if doc.get(k) not in (None, "auto") and not isinstance(doc[k], list)}
+    for key in given:  # the user's own batch keys are whole numbers, as DeepSpeed's config wants them
+        resolve_batch({key: given[key]}, 1)
+    if len(given) == len(_BATCH_KEYS):  # and the triple agrees (the space then varies the pair)
+        resolve_batch(given, dp)
     checkpointing = [ActivationCheckpointing(enabled=False), ActivationCheckpointing(enabled=True)]
     if "activation_checkpointing" in doc:
         checkpointing = [base.activation_checkpointing]

@@ -30,7 +30,8 @@ from zerotune.predictor.links import (Collective, collective_s, data_parallel_li
                                       ring_across_nodes)
 from zerotune.predictor.memory import DTYPE_BYTES
 from zerotune.predictor.model import ModelSpec
-from zerotune.predictor.ops import DeviceRates, device_rates, fresh_write_s, layer_times, outer_times
+from zerotune.predictor.ops import (BACKWARD_OPS_PER_FORWARD, DeviceRates, device_rates, fresh_write_s, layer_times,
+                                    outer_times)
 from zerotune.predictor.zero_mechanics import (adam_traffic_ratio, backward_hook_host_s, fsdp_units, grad_reduction,
                                               runtime_overhead_s, wrapper_bytes_per_param, zero3_trace)
 
@@ -143,18 +144,31 @@ def stage_parts(job: Job, cfg: DSConfig, eff: Efficiency) -> StageParts:
 
 @lru_cache(maxsize=64)
 def _op_times(model: ModelSpec, seq_len: int, rates: DeviceRates, tp: int, layers: int, embedding: bool,
-              recompute: bool, sizes: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+              recompute: bool, sizes: tuple[float, ...], synchronous: bool = False) -> tuple[np.ndarray, ...]:
     """(forward, backward, recompute) device seconds of one stage at each micro-batch size, then the host's
-    seconds launching their kernels, then forward's tail after the blocks (device, host seconds). Cached: the variants of a space differ in ZeRO knobs that leave compute
-    alone, so ranking times each (model, device, sizes) once."""
+    seconds launching their kernels, then forward's tail after the blocks (device, host seconds). Cached: the variants
+    of a space differ in ZeRO knobs that leave compute alone, so ranking times each (model, device, sizes) once.
+    A model whose forward was counted dispatching more ops than its structure's kernels (ModelSpec.
+    dispatched_forward_ops, a stand-in's) launches those instead; on a `synchronous` device (one that runs its
+    kernels on the host's thread: HardwareSpec.comm_compute_overlap false) the dispatches beyond the structure's
+    add to the kernels' own time, as they run one after the other."""
     b = np.array(sizes)
     block, outer = layer_times(model, b, seq_len, tp, rates), outer_times(model, b, seq_len, tp, rates, embedding)
     launch = rates.kernel_launch_s
     device = (layers * block.forward_s + outer.forward_s, layers * block.backward_s + outer.backward_s,
               layers * block.forward_s * recompute)
-    host = (launch * (layers * block.forward_kernels + outer.forward_kernels),
-            launch * (layers * block.backward_kernels + outer.backward_kernels),
-            launch * layers * block.forward_kernels * recompute)
+    kernels_f = layers * block.forward_kernels + outer.forward_kernels
+    kernels_b = layers * block.backward_kernels + outer.backward_kernels
+    kernels_r = layers * block.forward_kernels * recompute
+    if embedding and model.dispatched_forward_ops > kernels_f:  # the ops the profiling run counted
+        share = model.dispatched_forward_ops / kernels_f
+        counted = (model.dispatched_forward_ops, max(kernels_b, round(BACKWARD_OPS_PER_FORWARD
+                                                                      * model.dispatched_forward_ops)),
+                   kernels_r * share)
+        if synchronous:
+            device = tuple(d + launch * (c - k) for d, c, k in zip(device, counted, (kernels_f, kernels_b, kernels_r)))
+        kernels_f, kernels_b, kernels_r = counted
+    host = (launch * kernels_f, launch * kernels_b, launch * kernels_r)
     tail = outer_times(model, b, seq_len, tp, rates, False)  # what follows the blocks: norm, logits, loss
     tails = (tail.forward_s, launch * tail.forward_kernels)
     columns = tuple(np.broadcast_to(np.asarray(c, dtype=float), b.shape).copy() for c in device + host + tails)
@@ -186,7 +200,7 @@ def _stage_op_times(job: Job, cfg: DSConfig, eff: Efficiency, micro_batch: Batch
     longest = None
     for model, layers, embedding in pipeline_stages(job.model, cfg.pp_size):
         stage = _op_times(model, job.seq_len, rates, cfg.mp_size, layers, embedding,
-                          cfg.activation_checkpointing.enabled, sizes)
+                          cfg.activation_checkpointing.enabled, sizes, not job.cluster.hardware.comm_compute_overlap)
         total = sum(np.maximum(stage[i], stage[i + 3]) for i in range(3))
         if longest is None:
             columns, longest = stage, total

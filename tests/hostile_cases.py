@@ -416,5 +416,48 @@ def _tune_cases() -> list[Case]:
     ]
 
 
+def _record(**changes: object) -> str:
+    """The shipped CPU profile's first measurement record, changed."""
+    line = (data_dir() / "profiles" / "cpu.measurements.jsonl").read_text().splitlines()[0]
+    return json.dumps({**json.loads(line), **changes}) + "\n"
+
+
+def _fuzzed_cases() -> list[Case]:
+    """Found by a fuzzing pass over the three verbs (2026-11-30): each was an internal error, a second line on stderr
+    or a silent success."""
+    mbs, zero = "train_micro_batch_size_per_gpu", "zero_optimization"
+    hf_bert = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+               "intermediate_size": 256, "vocab_size": 1000, "max_position_embeddings": 128}
+    records = [_from(f"record-{key}", _record(**{key: value}), needle=key, name="m.jsonl")
+               for key, value in (("num_gpus_per_node", "2"), ("seq_len", "128"), ("model", 5), ("source", 5),
+                                  ("step_s", True), ("forward_s", -1.0))]
+    return records + [
+        _ds("autotuning-list", {"autotuning": [1]}, needle="autotuning"),
+        _ds("fp16-list-flag", {"fp16": [1]}, "--precision", "bf16", needle="fp16"),
+        _ds("offload-text-flag", {zero: {"stage": 2, "offload_optimizer": "cpu"}}, "--offload_optimizer", "cpu",
+            needle="offload_optimizer"),
+        _ds("warning-then-error", {"trian_batch_size": 4, zero: {"stage": 9}}, needle="stage"),
+        _ds("stage-auto", {zero: {"stage": "auto"}}, needle="stage"),
+        _ds("stage-auto-rank", {zero: {"stage": "auto"}}, "--rank", needle="stage"),
+        _ds("stage-all-and-5", {zero: {"stage": ["all", 5]}}, "--rank", needle="stage"),
+        _ds("offload-device-false", {zero: {"stage": 2, "offload_optimizer": {"device": False}}}, needle="device"),
+        _ds("cpu-offload-text", {zero: {"stage": 2, "cpu_offload": "yes"}}, needle="cpu_offload"),
+        _ds("momentum-text", {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": "0.9"}}},
+            needle="momentum"),
+        _ds("mbs-negative-rank", {mbs: -4}, "--rank", needle=mbs),
+        _ds("train-batch-text-rank", {"train_batch_size": "16"}, "--rank", needle="train_batch_size"),
+        _ds("gas-negative-rank", {"train_batch_size": 8, "gradient_accumulation_steps": -3}, "--rank",
+            needle="gradient_accumulation_steps"),
+        _ds("triple-mismatch-rank", {"train_batch_size": 7, mbs: 2, "gradient_accumulation_steps": 1}, "--rank",
+            needle="train_batch_size"),
+        _predict("hf-attn-config-text", "--model", "{tmp}/config.json", needle="attn_config",
+                 **{"config.json": json.dumps({**_HF, "model_type": "mpt", "attn_config": "flash"})}),
+        _predict("hf-type-vocab-huge", "--model", "{tmp}/config.json", needle="type_vocab_size",
+                 **{"config.json": json.dumps({**hf_bert, "type_vocab_size": 1e30})}),
+        _predict("hf-type-vocab-text", "--model", "{tmp}/config.json", needle="type_vocab_size",
+                 **{"config.json": json.dumps({**hf_bert, "type_vocab_size": "two"})}),
+    ]
+
+
 CASES: list[Case] = (_hardware_cases() + _model_cases() + _flag_cases() + _ds_cases() + _profile_cases()
-                     + _calibrate_cases() + _tune_cases())
+                     + _calibrate_cases() + _tune_cases() + _fuzzed_cases())

@@ -133,3 +133,14 @@ def test_a_train_batch_size_beyond_int64_is_refused_in_one_line() -> None:
     # (OverflowError from numpy) instead of naming the key
     with pytest.raises(ValueError, match="ds_config train_batch_size .* is above the .* zerotune accepts"):
         space_from_ds_config({"train_batch_size": 2**63}, world_size=1, hidden_size=768)
+
+
+@pytest.mark.parametrize("flag, name, text", [
+    ("--hardware", "hw.yaml", "name: x\n"), ("--deepspeed", "ds.json", "{}"), ("--model", "config.json", "{}")])
+def test_a_file_saved_as_utf16_is_named_in_one_line(flag: str, name: str, text: str, sandbox: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Some Windows editors save UTF-16: the decoder's own message had named neither the file nor the fix."""
+    (sandbox / name).write_text(text, encoding="utf-16")
+    assert _run(["predict", flag, str(sandbox / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{name}: not UTF-8 text" in err and "save the file as UTF-8" in err

@@ -382,14 +382,26 @@ def test_the_site_counts_a_recurrent_layers_forward_flops(kind: str) -> None:
     """torch 2.13's CPU nn.LSTM runs one fused op that FlopCounterMode has no formula for: an LSTM language model's
     stand-in had been built from its head's FLOPs alone. The site counts a layer the counter missed by hand (2 x
     gates x hidden x (input + hidden) a position, each layer and direction); a GRU, which the counter sees through its
-    decomposed matmuls, is not counted twice."""
+    decomposed matmuls, is not counted twice. The same forward's dispatched ops are counted (each costs the host a
+    dispatch whatever its size): the GRU decomposes into thousands a forward, every position of every layer and
+    direction, the LSTM into one fused op a layer; as many as a dispatch mode of the test's own sees (one more: the
+    site's counting runs beside torch's FLOP counter), and the count stops after the first forward."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    from zerotune.calibrate.site_counts import op_counter
     site = profiling_site_module()
     model = _RecurrentLM(kind)
     ids = torch.randint(0, 1000, (4, 32))
     state = {"model_forward_flops": 0}
     site._counts().count_flops(model, state)
     model(ids).backward()
+    first = state["model_forward_ops"]
+    model(ids).backward()
+    assert state["model_forward_ops"] == first
+    with op_counter(torch) as ops:
+        model(ids)
+    assert abs(first - ops.count) <= 1
+    assert (first > 2 * 2 * 32 * (2 if kind == "GRU" else 1)) == (kind == "GRU")  # ops a position, or one fused op
     positions, gates, directions = 4 * 32, {"LSTM": 4, "GRU": 3}[kind], 2 if kind == "GRU" else 1
     rnn = sum(directions * 2 * gates * 256 * (width + 256) * positions for width in (128, 256 * directions))
     head = 2 * positions * 256 * directions * 1000
@@ -485,3 +497,4 @@ def test_the_matmul_check_is_taken_again_at_exit_and_the_faster_kept(tmp_path: P
     state = {"matmul": dict(fast)}
     site._recheck_matmul(Engine(), state, str(path))
     assert state["matmul"] == fast and not path.exists()
+

@@ -309,3 +309,34 @@ def test_an_operations_bandwidth_ratio_scales_only_its_own_volume() -> None:
     assert collective_s(gather, 2, bw, lat, eff) == pytest.approx(2 * collective_s(gather, 2, bw, lat))
     assert collective_s(scatter, 2, bw, lat, eff) == pytest.approx(4 * collective_s(scatter, 2, bw, lat))
     assert collective_s(reduce_, 2, bw, lat, eff) == pytest.approx(collective_s(reduce_, 2, bw, lat)) == 0.1
+
+
+@pytest.mark.parametrize("hardware", ["cpu", "h100-80gb"])
+def test_a_stand_ins_counted_ops_cost_the_host_their_dispatches(hardware: str) -> None:
+    """A model described by a stand-in (validate/profiled.py _stand_in) dispatches the ops its profiling run counted
+    (ModelSpec.dispatched_forward_ops), not the stand-in's few GEMMs: forward launches them, backward
+    BACKWARD_OPS_PER_FORWARD times as many, at the device's launch cost each. On a CPU, which runs its kernels on the
+    host's own thread, the launches beyond the stand-in's add to the kernels' time; on a GPU the host launches them
+    while the device runs, so a phase takes the longer of the two."""
+    from zerotune.predictor.ops import BACKWARD_OPS_PER_FORWARD
+    from zerotune.predictor.catalog import load_hardware
+    from zerotune.predictor.hardware import ClusterSpec
+    from zerotune.predictor.job import Job
+    from zerotune.predictor.step_time import _stage_op_times
+    stand_in = ModelSpec(name="stand-in", num_layers=1, hidden_size=256, num_heads=1, num_kv_heads=1,
+                         attention_head_dim=1, ffn_hidden_size=1024, vocab_size=0, max_position_embeddings=128,
+                         position_embedding="none", tied_embeddings=False, dropout=False, attention="flash",
+                         head="none", final_norm=False)
+    hw = load_hardware(hardware)
+    cfg = DSConfig(train_micro_batch_size_per_gpu=1, precision="fp32" if hardware == "cpu" else "bf16")
+    eff = Efficiency()
+    times = [_stage_op_times(Job(m, ClusterSpec(hw, 1, 2), 128), cfg, eff, 1)
+             for m in (stand_in, stand_in.replace(dispatched_forward_ops=10_000))]
+    (dev_f, dev_b, _, host_f, host_b, *_), (dev_f2, dev_b2, _, host_f2, host_b2, *_) = times
+    launch = hw.kernel_launch_s
+    assert host_f2 == pytest.approx(10_000 * launch) and host_b2 == pytest.approx(14_000 * launch)
+    assert BACKWARD_OPS_PER_FORWARD == 1.4
+    if hardware == "cpu":  # the dispatches beyond the stand-in's own follow its kernels on the one thread
+        assert dev_f2 - dev_f == pytest.approx(host_f2 - host_f) and dev_b2 - dev_b == pytest.approx(host_b2 - host_b)
+    else:
+        assert (dev_f2, dev_b2) == (dev_f, dev_b)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from zerotune.calibrate.launch import read_hostfile
 from zerotune.predictor import DSConfig, to_ds_config
+from zerotune.predictor.catalog import read_user_text
 from zerotune.predictor.dsconfig import AUTO, AutotuningConfig
 
 __all__ = ["UserCommand", "read_ds_config", "read_hostfile", "filtered_resources", "model_info_ds_config", "model_from_num_params", "split_user_command", "rewrite_args", "check_arg_mappings", "batch_as_given", "trainer_arg_mappings", "experiment_ds_config",
@@ -295,8 +296,9 @@ def read_ds_config(path: Path, flag: str = "--deepspeed") -> dict[str, Any]:
     if not path.is_file():
         what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
         raise ValueError(f"{flag} {path}: {what}; give the path of an existing ds_config.json")
+    text = read_user_text(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{flag} {path}: malformed JSON at line {exc.lineno} ({exc.msg}); fix the file") from None
     except (ValueError, RecursionError) as exc:  # nesting past Python's recursion limit, an integer of 4300+ digits

@@ -254,7 +254,8 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     holding its parameter count, run over as many positions per sample as make its forward FLOPs (counted by
     torch's FlopCounterMode in the first forward), keeping the bytes it kept for backward (activation_scale).
     Parameters set what ZeRO partitions, reduces and updates; FLOPs and saved bytes set compute and activation
-    memory per sample. Returns the spec and (micro-batch, positions); LookupError when nothing was measured."""
+    memory per sample; the ops its forward dispatched (ModelSpec.dispatched_forward_ops) set the host's launches.
+    Returns the spec and (micro-batch, positions); LookupError when nothing was measured."""
     flops, saved = float(rank0.get("model_forward_flops") or 0), float(rank0.get("model_saved_bytes") or 0)
     batch, params = int(rank0.get("train_micro_batch_size_per_gpu") or 0), int(model_doc.get("num_params") or 0)
     if not (flops and saved and batch and params):
@@ -272,9 +273,12 @@ def _stand_in(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], name: str,
     spec = ModelSpec(ffn_hidden_size=ffn, **{**base, "max_position_embeddings": positions})
     act_bytes = 2 if any(t in str(model_doc.get("dtype", "")) for t in ("bfloat16", "float16")) else 4
     formula = layers * layer_activation_bytes(spec, batch, positions, act_bytes)
+    ops = int(rank0.get("model_forward_ops") or 0)  # the forward's dispatched ATen ops (0: not counted)
+    spec = spec.replace(dispatched_forward_ops=ops)
     read.append(f"no repeated transformer block ({why}): described by a stand-in of what it was measured to cost: "
                 f"{params:,} parameters, {flops / batch:.4g} forward FLOPs and {saved / batch / 2**20:.3g} MiB kept "
-                f"for backward per sample (micro-batch {batch})")
+                f"for backward per sample (micro-batch {batch})"
+                + (f", {ops:,} ops dispatched a forward" if ops else ""))
     assumed.append(f"the stand-in runs {layers} MLP blocks {hidden} -> {ffn} -> {hidden} over {positions} positions "
                    f"per sample: its GEMM shapes, kernel count and memory-bound kernels are the stand-in's, not the "
                    f"model's own layers'")

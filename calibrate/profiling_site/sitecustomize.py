@@ -330,7 +330,7 @@ def _attach(engine: Any) -> None:
                              "in_forward": False,
                              "sdpa_calls": 0, "sdpa_shapes": None, "attention_matmul": None,
                              "sdpa_dropout_p": 0.0, "block_saved_bytes": 0, "block_saved_calls": 0, "model_saved_bytes": 0,
-                             "model_saved_calls": 0, "model_forward_flops": 0, "step_s": [],
+                             "model_saved_calls": 0, "model_forward_flops": 0, "model_forward_ops": 0, "step_s": [],
                              "step_start": 0.0, "peak_memory_bytes": None,
                              "peak_memory_kind": "", "world_size": int(getattr(engine, "world_size", 1)),
                              "optimizer": _optimizer(engine)}
