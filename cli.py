@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explore", type=_explore, default=EXPLORABLE,
                    help="what --rank may add that the ds_config does not set: offload,checkpointing (default) "
                         "or none")
-    p.add_argument("--profile", help="a calibration profile (data/profiles/*.json) to predict with")
+    p.add_argument("--profile", type=_nonempty_path("--profile"),
+                   help="a calibration profile (data/profiles/*.json) to predict with")
     p.add_argument("--plot", metavar="FILE.png", type=_plot_path, help="with --rank: throughput per micro-batch and stage, and "
                                                        "memory of each stage's best, as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -157,7 +158,10 @@ def _plot_path(text: str) -> str:
 def _explore(text: str) -> tuple[str, ...]:
     if not text.strip():
         raise argparse.ArgumentTypeError("empty: use offload, checkpointing or none")
-    items = tuple(i.strip() for i in text.split(",") if i.strip() and i.strip() != "none")
+    given = [i.strip() for i in text.split(",") if i.strip()]
+    if "none" in given and len(given) > 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: none with something to explore; give one or the other")
+    items = tuple(i for i in given if i != "none")
     for item in items:
         if item not in EXPLORABLE:
             raise argparse.ArgumentTypeError(f"--explore {item!r}: use offload, checkpointing or none")

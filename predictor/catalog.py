@@ -243,6 +243,10 @@ _LOW_INCLUSIVE = {"runtime_reserved_gib", "intra_node_latency_us", "inter_node_l
                   "flash_score_ns_forward", "flash_score_ns_backward"}
 
 
+_WHOLE_NUMBERS = frozenset({"gpus_per_node", "gemm_tile_elems", "num_compute_units", "flash_kv_block_elems"})
+"""Hardware counts: 1.5 compute units had been truncated to 1 without a word."""
+
+
 def _number(path: Path, doc: dict[str, Any], key: str) -> float:
     value = doc[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -254,7 +258,7 @@ def _number(path: Path, doc: dict[str, Any], key: str) -> float:
         bound = ">=" if key in _LOW_INCLUSIVE else ">"
         raise ValueError(f"{path}: {key} {value!r} is not a finite number {bound} {low:g} and <= {high:g} "
                          f"{unit}; write it in {unit}, as the key's name says")
-    if key in ("gpus_per_node", "gemm_tile_elems") and not float(value).is_integer():
+    if key in _WHOLE_NUMBERS and not float(value).is_integer():
         raise ValueError(f"{path}: {key} must be a whole number, got {value!r}")
     return float(value)
 

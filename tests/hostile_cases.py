@@ -456,6 +456,30 @@ def _fuzzed_cases() -> list[Case]:
                  **{"config.json": json.dumps({**hf_bert, "type_vocab_size": 1e30})}),
         _predict("hf-type-vocab-text", "--model", "{tmp}/config.json", needle="type_vocab_size",
                  **{"config.json": json.dumps({**hf_bert, "type_vocab_size": "two"})}),
+        _predict("profile-empty", "--profile", "", needle="--profile"),
+        _predict("explore-none-and-offload", "--rank", "--explore", "none,offload", needle="--explore"),
+        _predict("hw-units-fraction", "--hardware", "{tmp}/hw.yaml", needle="num_compute_units",
+                 **{"hw.yaml": _yaml({**_HW, "num_compute_units": "1.5"})}),
+        *_fuzzed_tune_cases(),
+    ]
+
+
+def _fuzzed_tune_cases() -> list[Case]:
+    ds = {"train_micro_batch_size_per_gpu": [1, 2], "zero_optimization": {"stage": [0, 1]}}
+    mapped = {**ds, "autotuning": {"arg_mappings": {"train_micro_batch_size_per_gpu": "--batch_size"}}}
+    files = {"ds.json": json.dumps(mapped), "ds2.json": json.dumps(ds), "train.py": "print(1)\n"}
+    run = ("--model", "zt-gpt-small", "{tmp}/train.py")
+    return [
+        _tune("profile-window-empty", "--deepspeed", "{tmp}/ds.json", needle="end_profile_step",
+              **{"ds.json": json.dumps({**ds, "autotuning": {"start_profile_step": 0, "end_profile_step": 0}})}),
+        _tune("master-port-huge", "--master_port", "70000", "--deepspeed", "{tmp}/ds.json", needle="--master_port",
+              **{"ds.json": json.dumps(ds)}),
+        _tune("explore-none-and-offload", "--explore", "none,offload", "--deepspeed", "{tmp}/ds.json",
+              needle="--explore", **{"ds.json": json.dumps(ds)}),
+        _tune("two-ds-configs", *run, "--deepspeed_config", "{tmp}/ds.json", "--deepspeed", "{tmp}/ds2.json",
+              needle="two ds_configs", **files),
+        _tune("mapped-arg-twice", *run, "--deepspeed", "{tmp}/ds.json", "--batch_size", "4", "--batch_size", "8",
+              needle="--batch_size", **files),
     ]
 
 

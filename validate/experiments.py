@@ -73,6 +73,13 @@ def split_user_command(script: str | Path, argv: Sequence[str]) -> UserCommand:
             if value is None:
                 continue
             rest = argv[:i] + argv[i + (1 if "=" in arg else 2):]
+            for other in DS_CONFIG_FLAGS:  # a second ds_config: one of the two trains untuned
+                again = next((j for j, a in enumerate(rest) if (a == other or a.startswith(other + "="))
+                              and str(_flag_value(rest, j)).endswith(".json")), None)
+                if again is not None:
+                    raise ValueError(f"the script's arguments give two ds_configs, {flag} {value} and {other} "
+                                     f"{_flag_value(rest, again)}: zerotune tunes the first and the script may read "
+                                     f"the other; give one")
             return UserCommand(Path(script), tuple(rest), flag, Path(value))
     raise ValueError(f"no ds_config among the arguments of {script}: pass it as `--deepspeed ds_config.json` "
                      f"(or --deepspeed_config), as for deepspeed --autotuning")
@@ -158,6 +165,11 @@ def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings
     """Refuse a tune whose experiments would silently run the user's batch instead of the tuned one: the config
     says "auto" for a batch key (the Hugging Face Trainer fills it from its arguments) or the arguments carry
     a batch-size flag, and arg_mappings does not say which flag to rewrite."""
+    for flag in {flag.strip() for flag in (arg_mappings or {}).values() if isinstance(flag, str)}:
+        given = [a for a in args if a == flag or a.startswith(flag + "=")]
+        if len(given) > 1:  # rewrite_args sets the first; argparse keeps the last
+            raise ValueError(f"the script's argument {flag} is given {len(given)} times, and autotuning.arg_mappings "
+                             f"sets it for each experiment: give it once")
     mapped = {key.strip() for key in (arg_mappings or {})}  # as rewrite_args reads them: DeepSpeed's autotuning
     for key in mapped - set(BATCH_KEYS):                     # tutorial printed "gradient_accumulation_steps "
         near = difflib.get_close_matches(key, BATCH_KEYS, n=1, cutoff=0.8)

@@ -135,9 +135,9 @@ def autotuning_of(doc: Mapping[str, Any], world_size: int) -> AutotuningConfig:
     at = parse_ds_config({"autotuning": section}, world_size=world_size).autotuning
     if "overwrite" not in section:  # zerotune resumes by default (module docstring)
         at = replace(at, overwrite=False)
-    if at.end_profile_step < at.start_profile_step:
-        raise ValueError(f"ds_config autotuning.end_profile_step {at.end_profile_step} is before start_profile_step "
-                         f"{at.start_profile_step}; make it at least as large")
+    if at.end_profile_step <= at.start_profile_step:  # the engine times the steps between: none at all
+        raise ValueError(f"ds_config autotuning.end_profile_step {at.end_profile_step} is not after start_profile_step "
+                         f"{at.start_profile_step}; make it larger (DeepSpeed's defaults: 3 and 5)")
     for key in ("results_dir", "exps_dir"):  # folders tune writes: a file on the way is named before anything runs
         folder = Path(getattr(at, key))
         blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
@@ -194,7 +194,7 @@ def add_launcher_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher_args", help="deepspeed --launcher_args: passed to the backend as one string")
     p.add_argument("--no_ssh", action="store_true", help="deepspeed --no_ssh: each node runs the command itself")
     p.add_argument("--master_addr", help="deepspeed --master_addr (default: the runner's)")
-    p.add_argument("--master_port", type=int, help="deepspeed --master_port (default: a free port per run)")
+    p.add_argument("--master_port", type=_port, help="deepspeed --master_port (default: a free port per run)")
     p.add_argument("--no_local_rank", action="store_true", help="deepspeed --no_local_rank: the script is not "
                    "given --local_rank")
     p.add_argument("--bind_cores_to_rank", action="store_true", help="deepspeed --bind_cores_to_rank: numactl "
@@ -315,10 +315,24 @@ def detected_gpu(nvidia_smi: str) -> str:
                      f"--hardware (a data/hardware YAML for it, or the nearest of {', '.join(list_hardware())})")
 
 
+def _port(text: str) -> int:
+    """A TCP port, 1-65535 (argparse's type check: one line naming the flag)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: give 1 to 65535")
+    return port
+
+
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     """Validated settings (argparse has range-checked the numbers); the model stays empty when it must come from a
     profiling run."""
-    explore = tuple(i.strip() for i in args.explore.split(",") if i.strip() not in ("", "none"))
+    given = [i.strip() for i in args.explore.split(",") if i.strip()]
+    if "none" in given and len(given) > 1:
+        raise ValueError(f"--explore {args.explore}: none with something to explore; give one or the other")
+    explore = tuple(i for i in given if i != "none")
     for item in explore:
         if item not in EXPLORABLE:
             raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
