@@ -132,8 +132,14 @@ class _Row:
         self.where = where
         self.values = {k: v for k, v in row.items() if v is not None and str(v).strip() != ""}
         for key, value in defaults.items():
-            if value is not None:
-                self.values.setdefault(key, value)
+            if value is None:
+                continue
+            if key != "hardware" and key in self.values and str(self.values[key]).strip() != str(value):
+                # a flag given for the file that its own column contradicts: neither silently wins (--hardware picks
+                # the rows of its device from a table of several: calibrate.run.on_hardware)
+                raise self.error(key, f"{self.values[key]!r} differs from --{key} {value}; drop the flag or fix the "
+                                      f"column")
+            self.values.setdefault(key, value)
 
     def error(self, column: str, message: str) -> ValueError:
         return ValueError(f"{self.where}: column {column} {message}")

@@ -457,6 +457,8 @@ def _fuzzed_cases() -> list[Case]:
         _predict("hf-type-vocab-text", "--model", "{tmp}/config.json", needle="type_vocab_size",
                  **{"config.json": json.dumps({**hf_bert, "type_vocab_size": "two"})}),
         _predict("profile-empty", "--profile", "", needle="--profile"),
+        _from("model-flag-vs-column", _csv(), "--model", "bert-base", needle="--model bert-base"),
+        _from("seq-len-flag-vs-column", _csv(), "--seq_len", "512", needle="--seq_len 512"),
         _predict("explore-none-and-offload", "--rank", "--explore", "none,offload", needle="--explore"),
         _predict("hw-units-fraction", "--hardware", "{tmp}/hw.yaml", needle="num_compute_units",
                  **{"hw.yaml": _yaml({**_HW, "num_compute_units": "1.5"})}),
