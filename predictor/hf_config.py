@@ -189,7 +189,9 @@ def _hf_layers(cfg: dict[str, Any], get: _NamedIntegers) -> tuple[int, int]:
     num_decoder_layers, BART's encoder_layers + decoder_layers, transformers' is_encoder_decoder) counted as one
     stack of both, its decoder blocks with their cross-attention (ModelSpec.cross_attention_layers)."""
     if cfg.get("is_encoder_decoder") or "encoder_layers" in cfg:
-        encoder = get("encoder_layers", 0) or get("num_layers")
+        encoder = get("encoder_layers") if cfg.get("encoder_layers") is not None else get("num_layers")
+        if encoder < 1:
+            raise ValueError(f"{get.where}: encoder_layers must be at least 1 for an encoder-decoder, got {encoder}")
         decoder = get("decoder_layers", encoder)
         return encoder + decoder, decoder
     return get("num_layers"), 0

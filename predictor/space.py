@@ -154,6 +154,9 @@ def _zero_sections(zero: dict[str, Any], stage: int, fast: bool, explore: Iterab
     user = {_STAGE3_ALIASES.get(k, k): v for k, v in zero.items() if k != "stage"}
     knobs: dict[str, list[Any]] = {} if fast else {k: list(v) for k, v in DEFAULT_STAGE_KNOBS[stage].items()}
     for key, value in user.items():
+        if value == []:  # the product of the knobs would be empty, and the space with it
+            raise ValueError(f"ds_config zero_optimization.{key} is an empty list; give at least one value or "
+                             f"remove it")
         knobs[key] = value if isinstance(value, list) else [value]
     if "offload" in explore and stage >= 1:
         knobs.setdefault("offload_optimizer", [{"device": "none"}, {"device": "cpu"}])
@@ -214,6 +217,9 @@ def space_from_ds_config(doc: dict[str, Any], *, world_size: int, hidden_size: i
             for ckpt in checkpointing:
                 variants.setdefault((cfg.zero, ckpt), cfg.replace(activation_checkpointing=ckpt))
     at = base.autotuning
+    if at.max_train_batch_size is not None and at.min_train_batch_size > at.max_train_batch_size:
+        raise ValueError(f"ds_config autotuning.min_train_batch_size {at.min_train_batch_size} is above "
+                         f"max_train_batch_size {at.max_train_batch_size}; lower the one or raise the other")
     micro = _values(doc, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
     micro_batches = (_positive_ints(micro, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) if isinstance(
         doc.get("train_micro_batch_size_per_gpu"), list) else

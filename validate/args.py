@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Callable
 
 from zerotune.predictor.limits import (MAX_GPUS_PER_NODE, MAX_GRAD_ACCUM, MAX_MICRO_BATCH, MAX_NODES, MAX_PARALLEL,
@@ -22,12 +23,14 @@ FLAG_MAXIMA: dict[str, float] = {
 per experiment), so a value beyond it is a typo or the wrong unit."""
 
 
+_ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
 def positive_int(flag: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a whole number, got {text!r}") from None
+        if not _ASCII_INTEGER.fullmatch(text.strip()):  # int() also takes 1_0 and other scripts' digits
+            raise argparse.ArgumentTypeError(f"{flag} must be a whole number, got {text!r}")
+        value = int(text)
         if value < 1:
             raise argparse.ArgumentTypeError(f"{flag} must be at least 1, got {value}")
         if value > FLAG_MAXIMA[flag]:
