@@ -75,13 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", action="store_true",
                    help="rank every configuration of the tuning space (lists in the ds_config, DeepSpeed's "
                         "per-stage spaces, offload, checkpointing, every micro-batch) instead of predicting one")
-    p.add_argument("--top", type=positive_int("--top"), default=10, help="rows of the ranking to show")
+    p.add_argument("--top", type=positive_int("--top"), help="rows of the ranking to show (default 10)")
     p.add_argument("--metric", choices=("throughput", "latency", "flops"),
                    help="what to rank by (default: the ds_config's autotuning.metric, else throughput); "
                         "latency is minimised")
-    p.add_argument("--headroom_gib", type=non_negative_float("--headroom_gib"), default=0.0,
-                   help="memory to keep free per GPU when ranking")
-    p.add_argument("--explore", type=_explore, default=EXPLORABLE,
+    p.add_argument("--headroom_gib", type=non_negative_float("--headroom_gib"),
+                   help="memory to keep free per GPU when ranking (default 0)")
+    p.add_argument("--explore", type=_explore,
                    help="what --rank may add that the ds_config does not set: offload,checkpointing (default) "
                         "or none")
     p.add_argument("--profile", type=_nonempty_path("--profile"),
@@ -233,6 +233,14 @@ def _predict(args: argparse.Namespace) -> int:
         raise ValueError("--num_nodes and --hardware are both lists; sweep one at a time")
     if args.plot and not args.rank:
         raise ValueError("--plot draws the ranked space; add --rank")
+    if args.plot and (len(args.num_nodes) > 1 or len(args.hardware) > 1):
+        raise ValueError("--plot draws one ranked space; sweep --num_nodes or --hardware without it")
+    ranking_only = [flag for flag in ("top", "headroom_gib", "explore") if getattr(args, flag) is not None]
+    if ranking_only and not args.rank:  # a single prediction reads none of them
+        raise ValueError(f"--{ranking_only[0]} shapes the ranking of the space; add --rank, or drop it")
+    args.top = 10 if args.top is None else args.top
+    args.headroom_gib = 0.0 if args.headroom_gib is None else args.headroom_gib
+    args.explore = EXPLORABLE if args.explore is None else args.explore
     doc = _doc(args)
     def job_of(hardware: str, nodes: int) -> Any:
         job = planning.build_job(args.model, hardware, nodes, args.num_gpus, args.seq_len, args.attention)

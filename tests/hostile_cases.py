@@ -463,6 +463,8 @@ def _fuzzed_cases() -> list[Case]:
         _ds("min-above-max-rank", {"autotuning": {"max_train_batch_size": 2, "min_train_batch_size": 8}}, "--rank",
             needle="min_train_batch_size"),
         _predict("micro-batch-underscore", "--micro_batch", "1_0", needle="--micro_batch"),
+        _predict("top-without-rank", "--top", "3", needle="--top"),
+        _predict("plot-with-sweep", "--num_nodes", "1,2", "--rank", "--plot", "{tmp}/x.png", needle="--plot"),
         _from("seq-len-flag-vs-column", _csv(), "--seq_len", "512", needle="--seq_len 512"),
         _predict("explore-none-and-offload", "--rank", "--explore", "none,offload", needle="--explore"),
         _predict("hw-units-fraction", "--hardware", "{tmp}/hw.yaml", needle="num_compute_units",
