@@ -194,8 +194,8 @@ class ModelSpec:
     profiling run's first forward, calibrate/site_counts.py op_counter); 0: its kernels are counted from the
     structure (ops.py). Each costs the host a launch (HardwareSpec.kernel_launch_us), however small its tensors:
     torch 2.13's CPU nn.GRU runs about 9,800 ops a forward and 13,900 a backward at any batch size (2 layers, both
-    directions, 128 positions; 165 ms of its 2-rank micro-batch-1 step on one core, 2026-11-30), which a stand-in
-    of two GEMMs per block does not dispatch. Backward runs BACKWARD_OPS_PER_FORWARD times as many."""
+    directions, 128 positions: forward and backward took 165 ms at micro-batch 1 on one core, 2026-11-30), which a
+    stand-in of two GEMMs per block does not dispatch. Backward runs BACKWARD_OPS_PER_FORWARD times as many."""
     vocab_padding_multiple: int = 0
     """A framework that pads the vocabulary's rows before splitting them over tensor-parallel ranks: Megatron-LM and
     Megatron-DeepSpeed pad vocab_size up to a multiple of make_vocab_size_divisible_by (default 128) x the
