@@ -339,7 +339,8 @@ def read_profiled(prefix: Path, name: str, world_size: int) -> ProfiledRun:
         read.append("activation checkpointing: on (the first block's modules run again in backward): every "
                     "configuration is costed with the blocks recomputed")
     elif not stand_in:
-        source = token_input(rank0.get("inputs")) if spec.cross_attention_layers else None
+        source = (token_input(rank0.get("inputs"), int(rank0.get("train_micro_batch_size_per_gpu") or 0))
+                  if spec.cross_attention_layers else None)
         spec = spec.replace(activation_scale=round(_activation_scale(rank0, spec, saved_at,
                                                                      str(model_doc.get("dtype", "")), read,
                                                                      source[1] if source else None), 4))

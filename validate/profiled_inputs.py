@@ -14,16 +14,27 @@ Tokens = tuple[int, int]
 """(micro-batch, positions per sample)."""
 
 
-def token_input(inputs: list[dict[str, Any]] | None) -> tuple[int, int] | None:
+def token_input(inputs: list[dict[str, Any]] | None, engine_micro_batch: int = 0
+                ) -> tuple[int, int] | None:
     """(micro-batch, tokens) of the first 2-D integer tensor the model's forward received; None where its first
     input is vectors (a float tensor of 3 or more dimensions: audio frames, images, embeddings), whose integer
-    tensors are targets (a CTC model's (b, 40) labels were read as 40 tokens against its 300 frames)."""
+    tensors are targets (a CTC model's (b, 40) labels were read as 40 tokens against its 300 frames). Batch first,
+    unless only the second dimension is the engine's micro-batch (`engine_micro_batch`; 0: unknown): ids laid out
+    sequence first, as nn.Transformer takes them without batch_first."""
     if inputs and _vectors_first(inputs):
         return None
     for item in inputs or []:
         if len(item["shape"]) == 2 and item["dtype"].startswith(("int", "uint")):
-            return int(item["shape"][0]), int(item["shape"][1])
+            return _batch_first(int(item["shape"][0]), int(item["shape"][1]), engine_micro_batch)
     return None
+
+
+def _batch_first(first: int, second: int, engine_micro_batch: int) -> tuple[int, int]:
+    """(batch, sequence) of a two-dimension layout: the second dimension is the batch where only it equals the engine's
+    micro-batch (a sequence-first layout), else the first."""
+    if engine_micro_batch and second == engine_micro_batch != first:
+        return second, first
+    return first, second
 
 
 def _vectors_first(inputs: list[dict[str, Any]]) -> bool:
@@ -34,12 +45,18 @@ def _vectors_first(inputs: list[dict[str, Any]]) -> bool:
 def _block_tokens(rank0: Mapping[str, Any], hidden: int) -> tuple[int, int] | None:
     """(micro-batch, tokens) from the first block's input, (batch, sequence, hidden) or (sequence, batch, hidden):
     for a model whose forward gets no token ids (a ViT's image, an audio clip, embeddings computed outside). The
-    batch is the dimension equal to the model input's first; batch first when both are."""
+    batch is the dimension equal to the engine's micro-batch where only one is (a sequence-first model fed its
+    vectors sequence first too: nn.TransformerEncoder without batch_first, whose (160, 1, ...) input at micro-batch 1
+    had been read as 160 samples of 1 position, 2026-11-30), else the one equal to the model input's first; batch
+    first when both are."""
     shapes = rank0.get("block_input") or []
     inputs = rank0.get("inputs") or []
     if not shapes or len(shapes[0]["shape"]) != 3 or shapes[0]["shape"][2] != hidden:
         return None
     first, second = int(shapes[0]["shape"][0]), int(shapes[0]["shape"][1])
+    engine = int(rank0.get("train_micro_batch_size_per_gpu") or 0)
+    if engine and (first == engine) != (second == engine):
+        return _batch_first(first, second, engine)
     batch = int(inputs[0]["shape"][0]) if inputs and inputs[0]["shape"] else first
     return (second, first) if second == batch and first != batch else (first, second)
 
@@ -66,7 +83,8 @@ def padded_per_batch(ranks: Sequence[Mapping[str, Any]], tokens: Tokens, read: l
     The first forward's offset between the ids and the blocks' positions (a script that shifts its ids) is kept.
     Unchanged (None, ()) where the length held."""
     lengths = [int(n) for d in ranks for n in d.get("input_lengths") or []]
-    first = token_input((ranks[0] if ranks else {}).get("inputs"))
+    rank0 = ranks[0] if ranks else {}
+    first = token_input(rank0.get("inputs"), int(rank0.get("train_micro_batch_size_per_gpu") or 0))
     if len(set(lengths)) < 2 or first is None:
         return tokens, None, ()
     offset = first[1] - tokens[1]
@@ -98,7 +116,7 @@ def run_positions(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], read: 
                ) -> tuple[Tokens | None, Tokens | None]:
     """(what the blocks run over, where the first block's saved bytes were counted): the first token input, or the
     first block's input where the model gets no token ids or the two disagree at the same batch."""
-    tokens = token_input(rank0.get("inputs"))
+    tokens = token_input(rank0.get("inputs"), int(rank0.get("train_micro_batch_size_per_gpu") or 0))
     if tokens:
         read.append(f"input {tokens[0]} x {tokens[1]} tokens (micro-batch x sequence) at the first forward")
     structure = model_doc.get("structure") or {}
