@@ -370,8 +370,9 @@ class _WarningsFirst:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The error on one line, cut at a word past 800 characters (an error that long had been cut mid-word at 500)."""
     text = " ".join(str(exc).split())
-    return text[:500] + (" ..." if len(text) > 500 else "")
+    return text if len(text) <= 800 else text[:800].rsplit(" ", 1)[0] + " ..."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from zerotune.validate.experiments import check_arg_mappings
+
+USER_SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts"
 
 
 def test_a_trainer_config_gets_the_trainer_flag_for_each_auto_batch_key() -> None:
@@ -35,5 +39,11 @@ def test_a_trainer_command_with_auto_batch_keys_is_mapped_to_the_trainers_own_fl
                         {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2}) == \
         ("--output_dir", "out", "--per_device_train_batch_size=16", "--gradient_accumulation_steps", "2")
     assert trainer_arg_mappings(doc, ["--batch_size", "4"]) == (doc, ())  # not a Trainer: nothing guessed
+    # a Trainer script given without its batch flag (TrainingArguments defaults it to 8): its source says so, and the
+    # flag is appended to each experiment's command
+    trainer, loop = USER_SCRIPTS / "gru_classifier_trainer.py", USER_SCRIPTS / "encoder_mlm.py"
+    mapped, added = trainer_arg_mappings(doc, ["--output_dir", "out"], trainer)
+    assert added == ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    assert trainer_arg_mappings(doc, ["--output_dir", "out"], loop) == (doc, ())
     with pytest.raises(ValueError, match="arg_mappings has no train_micro_batch_size_per_gpu"):
         check_arg_mappings(doc, ["--batch_size", "4"], None)

@@ -144,13 +144,16 @@ def batch_as_given(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Ma
     return out
 
 
-def trainer_arg_mappings(doc: Mapping[str, Any], args: Sequence[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """A Hugging Face Trainer command (its --per_device_train_batch_size among the arguments) whose ds_config
-    leaves batch keys "auto": the Trainer fills them from its own flags (transformers integrations/deepspeed.py,
-    HfTrainerDeepSpeedConfig.trainer_config_process) and refuses a number that differs from them, so its flags are
-    the ones to rewrite and no other reading is possible. (the ds_config with those arg_mappings added, the keys
+def trainer_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], script: Path | None = None
+                         ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A Hugging Face Trainer command (its --per_device_train_batch_size among the arguments, or a script that builds
+    its TrainingArguments, which default it to 8) whose ds_config leaves batch keys "auto": the Trainer fills them
+    from its own flags (transformers integrations/deepspeed.py, HfTrainerDeepSpeedConfig.trainer_config_process)
+    and refuses a number that differs from them, so its flags are the ones to rewrite (rewrite_args appends one the
+    command does not give) and no other reading is possible. (the ds_config with those arg_mappings added, the keys
     added); unchanged for any other command."""
-    if not any(a == TRAINER_FLAGS[0] or a.startswith(TRAINER_FLAGS[0] + "=") for a in args):
+    if not (any(a == TRAINER_FLAGS[0] or a.startswith(TRAINER_FLAGS[0] + "=") for a in args)
+            or _builds_training_arguments(script)):
         return dict(doc), ()
     section = doc.get("autotuning") if isinstance(doc.get("autotuning"), Mapping) else {}
     mappings = dict(section.get("arg_mappings") or {})
@@ -159,6 +162,15 @@ def trainer_arg_mappings(doc: Mapping[str, Any], args: Sequence[str]) -> tuple[d
         return dict(doc), ()
     mappings.update({k: flag for k, flag in zip(BATCH_KEYS, TRAINER_FLAGS) if k in added})
     return {**doc, "autotuning": {**section, "arg_mappings": mappings}}, added
+
+
+def _builds_training_arguments(script: Path | None) -> bool:
+    """Whether the script's source names transformers' TrainingArguments (or Seq2SeqTrainingArguments): a Trainer
+    script given without its batch flag (a BART Seq2SeqTrainer script, 2026-11-30, had been asked for arg_mappings)."""
+    try:
+        return script is not None and "TrainingArguments" in Path(script).read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def check_arg_mappings(doc: Mapping[str, Any], args: Sequence[str], arg_mappings: Mapping[str, str] | None) -> None:

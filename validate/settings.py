@@ -337,7 +337,8 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         if item not in EXPLORABLE:
             raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
     command, model, seq_len = _command(args)
-    doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path, command.ds_config_flag), command.args)
+    doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path, command.ds_config_flag), command.args,
+                                       command.script)
     for key in mapped:
         print(f"zerotune tune: ds_config {key} is \"auto\" and the script is a Hugging Face Trainer's: each "
               f"experiment sets it through {dict(zip(BATCH_KEYS, TRAINER_FLAGS))[key]} (autotuning.arg_mappings)")
