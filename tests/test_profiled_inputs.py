@@ -35,3 +35,16 @@ def test_vectors_fed_sequence_first_reach_the_blocks_as_one_sample_of_many_posit
     assert run_positions(doc, batch_first, []) == ((1, 160), (1, 160))
     unknown = {key: value for key, value in rank0.items() if key != "train_micro_batch_size_per_gpu"}
     assert run_positions(doc, unknown, []) == ((160, 1), (160, 1))  # the input's first dimension decides, as before
+
+
+def test_an_encoder_decoder_read_at_its_encoder_takes_the_decoders_length_from_its_labels() -> None:
+    """A Hugging Face encoder-decoder whose encoder stack holds more parameters than its decoder (BART with 3 encoder
+    and 2 decoder layers) is hooked at an encoder block, which runs at the source length: the decoder's 2 layers had
+    been costed at it too. Its labels give the decoder's length, and the stack runs at the layer-weighted mean."""
+    rank0 = {"inputs": [_tensor([8, 100], "int64"), {**_tensor([8, 40], "int64"), "name": "labels"}],
+             "block_input": [_tensor([8, 100, 288], "float32")], "train_micro_batch_size_per_gpu": 8}
+    doc = {"structure": {"hidden_size": 288, "num_layers": 5},
+           "hf_config": {"is_encoder_decoder": True, "encoder_layers": 3, "decoder_layers": 2}}
+    read: list[str] = []
+    assert run_positions(doc, rank0, read) == ((8, round((3 * 100 + 2 * 40) / 5)), (8, 100))
+    assert any("encoder-decoder" in line for line in read)

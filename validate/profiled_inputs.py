@@ -133,6 +133,13 @@ def run_positions(model_doc: Mapping[str, Any], rank0: Mapping[str, Any], read: 
         # blocks over s positions: the blocks' sequence is the one that costs time and memory
         read.append(f"the blocks run over {blocks_see[1]} positions (the first block's input)")
         return blocks_see, blocks_see
+    if tokens and blocks_see == tokens and hf.get("is_encoder_decoder"):
+        # the repeated block read is the encoder's (the stack holding the most parameters: BART with 3 encoder and
+        # 2 decoder layers, 2026-11-30), so the decoder's length comes from its own ids or the labels
+        decoder = next((i for i in rank0.get("inputs") or [] if i.get("name") in ("decoder_input_ids", "labels")
+                        and len(i.get("shape") or ()) == 2), None)
+        if decoder is not None:
+            return _encoder_decoder_tokens(hf, tokens, (tokens[0], int(decoder["shape"][1])), read), blocks_see
     if tokens is None and blocks_see:  # no token ids seen (a ViT's images, embeddings passed in)
         read.append(f"input {blocks_see[0]} x {blocks_see[1]} vectors (micro-batch x sequence) at the first block")
         return blocks_see, blocks_see
