@@ -25,6 +25,8 @@ user's process.
 
 from __future__ import annotations
 
+import math
+
 import json
 from typing import Any
 
@@ -217,12 +219,21 @@ def _attention_and_mlp(linears: list[tuple[str, int, int, bool]], h: int, head_d
     square = [l for l in linears if l[1] == h and l[2] == h]
     fused = [l for l in linears if l[1] == h and h < l[2] <= 3 * h and l[2] != ffn and (l[2] - h) % (2 * head_dim) == 0]
     narrow = [l for l in linears if l[1] == h and l[2] < h and l[2] % head_dim == 0]
-    if not (square or fused or narrow or attention):
-        # Blocks of MLPs alone (a residual MLP over feature vectors): no attention to read, none to invent (read
-        # so, a 6-block MLP of 50M parameters was described with 4 h x h projections a block, 75M); the model's
-        # measured costs describe it instead (zerotune.validate.profiled._stand_in)
-        raise LookupError(f"the block has no attention: its linears {[l[:3] for l in linears]} are an MLP's alone")
     gated = sum(1 for l in up if l[2] == ffn) >= 2
+    if not (square or fused or narrow or attention):
+        width = _attention_width(linears, h, ffn)
+        if width is None:
+            # Blocks of MLPs alone (a residual MLP over feature vectors): no attention to read, none to invent (read
+            # so, a 6-block MLP of 50M parameters was described with 4 h x h projections a block, 75M); the model's
+            # measured costs describe it instead (zerotune.validate.profiled._stand_in)
+            raise LookupError(f"the block has no attention: its linears {[l[:3] for l in linears]} are an MLP's "
+                              f"alone")
+        d, kv_dim, qkv_bias, out_bias = width
+        notes["read"].append(f"block linears: {', '.join(f'{n} {i}->{o}' for n, i, o, _ in linears)}")
+        notes["read"].append(f"MLP width {ffn}{' (gated)' if gated else ''}, attention width {d} (not the hidden "
+                             f"{h}), K/V width {kv_dim}")
+        return {"ffn_hidden_size": ffn, "gated_mlp": gated, "kv_dim": kv_dim, "qkv_bias": qkv_bias,
+                "out_bias": out_bias, "mlp_bias": bool(down[0][3]), "attention_width": d}
     if fused:
         kv_dim = (fused[0][2] - h) // 2
         qkv_bias = fused[0][3]
@@ -235,6 +246,23 @@ def _attention_and_mlp(linears: list[tuple[str, int, int, bool]], h: int, head_d
     notes["read"].append(f"MLP width {ffn}{' (gated)' if gated else ''}, K/V width {kv_dim}")
     return {"ffn_hidden_size": ffn, "gated_mlp": gated, "kv_dim": kv_dim, "qkv_bias": bool(qkv_bias),
             "out_bias": bool(out_proj[0][3]) if out_proj else True, "mlp_bias": bool(down[0][3])}
+
+
+def _attention_width(linears: list[tuple[str, int, int, bool]], h: int, ffn: int
+                     ) -> tuple[int, int, bool, bool] | None:
+    """(attention width d, K/V width, qkv bias, output bias) of attention narrower or wider than the hidden size
+    (heads x head width != h: GPT-J-style 5 heads of 48 in a 320-wide block, 2026-11-30): an output projection
+    d -> h that is not the MLP's, and a fused q, k, v projection h -> d + 2 kv or a q projection h -> d; None where
+    there is none."""
+    for _, d, _, out_bias in (l for l in linears if l[2] == h and l[1] not in (h, ffn)):
+        fused = [l for l in linears if l[1] == h and l[2] != ffn and d < l[2] <= 3 * d and (l[2] - d) % 2 == 0]
+        if fused:
+            return d, (fused[0][2] - d) // 2, fused[0][3], out_bias
+        query = [l for l in linears if l[1] == h and l[2] == d]
+        if query:
+            kv = [l for l in linears if l[1] == h and l[2] < d and l[2] != ffn]
+            return d, kv[0][2] if kv else d, query[0][3], out_bias
+    return None
 
 
 def _is_norm(mod: nn.Module) -> bool:
@@ -401,7 +429,11 @@ def _structure(model: nn.Module, notes: dict[str, list[str]]) -> dict[str, Any]:
     heads, kv_heads = _heads(blocks[0], h, notes)
     mlp = _attention_and_mlp(_block_linears(blocks[0]), h, h // heads, notes,
                              any(isinstance(m, nn.MultiheadAttention) for m in blocks[0].modules()))
-    kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // (h // heads))
+    width = mlp.pop("attention_width", None)
+    if width is not None:  # heads x head width != hidden
+        heads = heads if width % heads == 0 else max(1, math.gcd(width, heads))
+        mlp["attention_head_dim"] = width // heads
+    kv_heads = kv_heads or max(1, mlp.pop("kv_dim") // ((width or h) // heads))
     mlp.pop("kv_dim", None)
     head = _head(model, blocks, tokens, h)
     emb_norm, final_norm = _outside_norms(model, blocks)
