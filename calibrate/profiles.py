@@ -232,6 +232,30 @@ def _uncertainty(where: str, doc: Any) -> FitUncertainty:
     return FitUncertainty(**unc)
 
 
+def _check_types(where: str, doc: dict[str, Any], quality: dict[str, Any], fitted_on: dict[str, Any]) -> None:
+    """ValueError (one line) naming a profile field of the wrong type: the hardware a catalog name, the fit's errors
+    numbers (or null, not computed), its counts whole numbers from 0, what it was fitted on a count and a list."""
+    if not isinstance(doc["hardware"], str) or not doc["hardware"]:
+        raise ValueError(f"{where}: hardware must be the catalog name it was fitted on, got {doc['hardware']!r}; "
+                         f"re-create it with zerotune calibrate")
+    for name, value in quality.items():
+        if name == "held_out_by":
+            ok = value in ("configuration", "model")
+        elif name.startswith(("step_time_mape", "peak_memory_mape")):
+            ok = value is None or (not isinstance(value, bool) and isinstance(value, (int, float))
+                                   and math.isfinite(value) and value >= 0)
+        else:
+            ok = not isinstance(value, bool) and isinstance(value, int) and value >= 0
+        if not ok:
+            raise ValueError(f"{where}: fit_quality.{name} {value!r} is not what zerotune calibrate writes there; "
+                             f"re-create the profile")
+    count, sources, measurements = fitted_on["count"], fitted_on["sources"], fitted_on["measurements"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0 or not isinstance(sources, list) \
+            or not isinstance(measurements, list):
+        raise ValueError(f"{where}: fitted_on must hold a count, a list of sources and a list of measurements; "
+                         f"re-create the profile")
+
+
 def load_profile(path: Path) -> CalibrationProfile:
     path = Path(path)
     try:
@@ -253,6 +277,7 @@ def load_profile(path: Path) -> CalibrationProfile:
                             ["count", "sources", "measurements"])
     if not isinstance(doc.get("environment", {}), dict):
         raise ValueError(f"profile {path}: environment must be a JSON object of versions and device facts")
+    _check_types(f"profile {path}", doc, quality, fitted_on)
     for number, record in enumerate(fitted_on["measurements"]):
         from_record(record, f"profile {path}: fitted_on.measurements[{number}]")
     return CalibrationProfile(

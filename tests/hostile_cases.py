@@ -464,6 +464,9 @@ def _fuzzed_cases() -> list[Case]:
             needle="min_train_batch_size"),
         _predict("micro-batch-underscore", "--micro_batch", "1_0", needle="--micro_batch"),
         _predict("top-without-rank", "--top", "3", needle="--top"),
+        *[_predict(f"profile-{key}", "--profile", "{tmp}/p.json", needle=key, **{"p.json": _profile({}).replace(a, b)})
+          for key, a, b in (("hardware", '"hardware": "v100-32gb"', '"hardware": null'),
+                            ("num_folds", '"num_folds": 0', '"num_folds": -3'))],
         _predict("plot-with-sweep", "--num_nodes", "1,2", "--rank", "--plot", "{tmp}/x.png", needle="--plot"),
         _from("seq-len-flag-vs-column", _csv(), "--seq_len", "512", needle="--seq_len 512"),
         _predict("explore-none-and-offload", "--rank", "--explore", "none,offload", needle="--explore"),
