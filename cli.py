@@ -25,7 +25,7 @@ from zerotune.predictor.rank import Uncertainty, evaluate_space
 from zerotune.predictor.space import EXPLORABLE, space_from_ds_config
 from zerotune.predictor.units import GIB
 from zerotune.validate import plan as planning
-from zerotune.validate.args import non_negative_float, positive_float, positive_int, positive_int_list
+from zerotune.validate.args import explore_items, non_negative_float, positive_float, positive_int, positive_int_list
 from zerotune.validate.experiments import read_ds_config
 from zerotune.validate.plots import plot_predicted_vs_measured, plot_space
 from zerotune.validate.settings import add_tune_arguments
@@ -156,16 +156,10 @@ def _plot_path(text: str) -> str:
 
 
 def _explore(text: str) -> tuple[str, ...]:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("empty: use offload, checkpointing or none")
-    given = [i.strip() for i in text.split(",") if i.strip()]
-    if "none" in given and len(given) > 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: none with something to explore; give one or the other")
-    items = tuple(i for i in given if i != "none")
-    for item in items:
-        if item not in EXPLORABLE:
-            raise argparse.ArgumentTypeError(f"--explore {item!r}: use offload, checkpointing or none")
-    return items
+    try:
+        return explore_items(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _apply_flags(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

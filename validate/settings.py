@@ -19,7 +19,7 @@ from zerotune.predictor.dsconfig import AutotuningConfig, OptimizerImpl
 from zerotune.predictor.hardware import Precision
 from zerotune.predictor.space import EXPLORABLE
 from zerotune.predictor.units import GIB, MIB
-from zerotune.validate.args import float_at_least, positive_float, positive_int
+from zerotune.validate.args import explore_items, float_at_least, positive_float, positive_int
 from zerotune.validate.experiments import (BATCH_KEYS, TRAINER_FLAGS, UserCommand, check_arg_mappings,
                                            filtered_resources, read_ds_config, read_hostfile, split_user_command,
                                            trainer_arg_mappings)
@@ -194,7 +194,8 @@ def add_launcher_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher_args", help="deepspeed --launcher_args: passed to the backend as one string")
     p.add_argument("--no_ssh", action="store_true", help="deepspeed --no_ssh: each node runs the command itself")
     p.add_argument("--master_addr", help="deepspeed --master_addr (default: the runner's)")
-    p.add_argument("--master_port", type=_port, help="deepspeed --master_port (default: a free port per run)")
+    p.add_argument("--master_port", type=positive_int("--master_port"),
+                   help="deepspeed --master_port (default: a free port per run)")
     p.add_argument("--no_local_rank", action="store_true", help="deepspeed --no_local_rank: the script is not "
                    "given --local_rank")
     p.add_argument("--bind_cores_to_rank", action="store_true", help="deepspeed --bind_cores_to_rank: numactl "
@@ -315,27 +316,10 @@ def detected_gpu(nvidia_smi: str) -> str:
                      f"--hardware (a data/hardware YAML for it, or the nearest of {', '.join(list_hardware())})")
 
 
-def _port(text: str) -> int:
-    """A TCP port, 1-65535 (argparse's type check: one line naming the flag)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port: give 1 to 65535")
-    return port
-
-
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     """Validated settings (argparse has range-checked the numbers); the model stays empty when it must come from a
     profiling run."""
-    given = [i.strip() for i in args.explore.split(",") if i.strip()]
-    if "none" in given and len(given) > 1:
-        raise ValueError(f"--explore {args.explore}: none with something to explore; give one or the other")
-    explore = tuple(i for i in given if i != "none")
-    for item in explore:
-        if item not in EXPLORABLE:
-            raise ValueError(f"--explore {item!r}: use any of {', '.join(EXPLORABLE)} or none")
+    explore = explore_items(args.explore)
     command, model, seq_len = _command(args)
     doc, mapped = trainer_arg_mappings(read_ds_config(command.ds_config_path, command.ds_config_flag), command.args,
                                        command.script)
